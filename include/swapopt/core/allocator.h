@@ -1,0 +1,46 @@
+#pragma once
+/** Device and pinned-host allocators that count current and peak bytes. */
+
+#include <cstddef>
+#include <cstdint>
+
+#include "swapopt/core/device.h"
+
+namespace swapopt {
+
+class Stream;
+
+/** Byte counters of one allocator. */
+struct MemoryStats {
+  size_t current_bytes = 0;
+  size_t peak_bytes = 0;
+  uint64_t allocations = 0;
+  uint64_t frees = 0;
+};
+
+/** Raw memory source. Implementations are thread-safe; sizes passed to deallocate match allocate. */
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  /** Returns at least `nbytes` bytes, 512-byte aligned; `stream` orders the allocation (CUDA) or is ignored. */
+  virtual void* allocate(size_t nbytes, Stream* stream) = 0;
+  /** Frees `ptr`; on CUDA the free is ordered after work already enqueued on `stream`. */
+  virtual void deallocate(void* ptr, size_t nbytes, Stream* stream) = 0;
+  virtual MemoryStats stats() const = 0;
+  /** Sets peak to current. */
+  virtual void reset_peak() = 0;
+};
+
+/** The allocator of device memory (cudaMallocAsync on CUDA; aligned malloc on the CPU backend). */
+Allocator& device_allocator(Device device);
+
+/** Page-locked host memory (cudaHostAlloc when a CUDA device is present; aligned pageable otherwise). */
+Allocator& pinned_host_allocator();
+
+/** Shorthand for device_allocator(device).stats(). */
+MemoryStats memory_stats(Device device);
+
+/** Shorthand for device_allocator(device).reset_peak(). */
+void reset_peak_memory(Device device);
+
+}  // namespace swapopt

@@ -1,0 +1,44 @@
+#pragma once
+/** A block of bytes on one device, shared by every tensor view of it, releasable and restorable. */
+
+#include <cstddef>
+
+#include "swapopt/core/device.h"
+
+namespace swapopt {
+
+class Allocator;
+class Stream;
+
+/** Invariants: nbytes never changes; data() is null exactly while released; a borrowed storage
+ *  (from_blob) is never freed by swapopt and can be neither released nor restored. */
+class Storage {
+ public:
+  /** Allocates `nbytes` from `allocator` (owned). */
+  Storage(size_t nbytes, Device device, Allocator& allocator, Stream* stream = nullptr);
+  /** Wraps memory the caller owns and keeps alive (borrowed). */
+  Storage(void* ptr, size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  bool owned() const { return allocator_ != nullptr; }
+  bool released() const { return ptr_ == nullptr && nbytes_ > 0; }
+  Allocator* allocator() const { return allocator_; }
+
+  /** Frees the bytes and keeps the size (a "shell"); on CUDA the free is ordered on `stream`. */
+  void release(Stream* stream = nullptr);
+  /** Allocates the bytes again at the same size; contents are undefined. */
+  void restore(Stream* stream = nullptr);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  Allocator* allocator_ = nullptr;  // null for borrowed memory
+};
+
+}  // namespace swapopt

@@ -1,0 +1,72 @@
+#pragma once
+/** Ordered work queues (streams) and completion marks (events), with CUDA's semantics on both backends.
+ *
+ * CUDA: a Stream is a cudaStream_t created blocking (so the legacy default stream, used only for
+ * frees without a stream, still orders after it) and an Event a timing-free cudaEvent_t.
+ * CPU: a Stream is a worker thread running its queue in order; an Event marks the point in a queue
+ * where it was recorded; Stream::wait(e) holds the stream until that point completes. Code written
+ * against this interface (the swap pipeline) therefore runs with the same orderings on both.
+ */
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "swapopt/core/device.h"
+
+namespace swapopt {
+
+class StreamImpl;
+class EventImpl;
+class Event;
+
+/** A queue of asynchronous work on one device. Copyable handle; the queue lives while a copy does. */
+class Stream {
+ public:
+  /** Creates a new stream on `device` (CPU: starts a worker thread). */
+  explicit Stream(Device device);
+  Device device() const;
+  /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
+  void wait(const Event& event);
+  /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work. */
+  void synchronize();
+  /** cudaStream_t for CUDA streams, nullptr for CPU streams. */
+  void* native_handle() const;
+  /** CPU only: runs `fn` on the worker thread after everything enqueued before it. */
+  void enqueue(std::function<void()> fn);
+  StreamImpl& impl() const { return *impl_; }
+  bool operator==(const Stream& other) const { return impl_ == other.impl_; }
+
+ private:
+  std::shared_ptr<StreamImpl> impl_;
+};
+
+/** The process-wide stream used by synchronous helpers (Tensor::to, zeros) on `device`. */
+Stream& default_stream(Device device);
+
+/** A completion mark. Record on a stream; others wait on it; the host can synchronize on it. */
+class Event {
+ public:
+  explicit Event(Device device);
+  Device device() const;
+  /** Marks the current end of `stream`'s queue; replaces any earlier record. */
+  void record(Stream& stream);
+  /** True when the last recorded point has completed (or the event was never recorded). */
+  bool query() const;
+  /** Blocks the host until the last recorded point has completed. */
+  void synchronize() const;
+  EventImpl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<EventImpl> impl_;
+  Device device_;
+};
+
+/** Counts of stream and event handles created so far, to assert that hot paths create none. */
+struct HandleStats {
+  uint64_t streams_created = 0;
+  uint64_t events_created = 0;
+};
+HandleStats handle_stats();
+
+}  // namespace swapopt

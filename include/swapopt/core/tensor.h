@@ -1,0 +1,102 @@
+#pragma once
+/** Tensor: shared Storage + element offset + shape + strides + dtype. */
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swapopt/core/device.h"
+#include "swapopt/core/dtype.h"
+#include "swapopt/core/storage.h"
+
+namespace swapopt {
+
+class Stream;
+
+using Shape = std::vector<int64_t>;
+
+/** "[3, 517]". */
+std::string shape_str(const Shape& shape);
+/** Product of the dims (1 for a scalar shape []). */
+int64_t shape_numel(const Shape& shape);
+/** Row-major strides of a contiguous tensor of `shape`. */
+Shape contiguous_strides(const Shape& shape);
+
+/** A view of typed elements. Cheap to copy: copies share the storage.
+ *
+ * Invariants: shape and strides have the same length; offset and strides are in elements; every
+ * addressed element lies inside the storage; views made by view/transpose/narrow/select share the
+ * storage, so a release or restore through one is seen by all.
+ */
+class Tensor {
+ public:
+  Tensor() = default;  // undefined tensor
+
+  /** Uninitialised contiguous tensor. */
+  static Tensor empty(const Shape& shape, DType dtype, Device device);
+  /** Zero-filled contiguous tensor (synchronous). */
+  static Tensor zeros(const Shape& shape, DType dtype, Device device);
+  static Tensor empty_like(const Tensor& other);
+  static Tensor zeros_like(const Tensor& other);
+  /** Wraps trainer-owned memory without owning it; the caller keeps `ptr` alive. */
+  static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device);
+  /** Strided variant; `strides` in elements. */
+  static Tensor from_blob(void* ptr, const Shape& shape, const Shape& strides, DType dtype, Device device);
+  /** A contiguous tensor on `storage` at element `offset`; used to carve views of one arena. */
+  static Tensor on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t dim() const { return int64_t(shape_.size()); }
+  /** Size of dim `d`; negative d counts from the end. */
+  int64_t size(int64_t d) const;
+  int64_t offset() const { return offset_; }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t element_size() const { return dtype_size(dtype_); }
+  /** Logical bytes: numel * element_size. */
+  size_t nbytes() const { return size_t(numel()) * element_size(); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  /** True while the storage is released (a shell). */
+  bool is_released() const { return storage_ && storage_->released(); }
+
+  /** Address of element 0; throws when the storage is released. */
+  void* data_ptr() const;
+  template <typename T>
+  T* data() const { return static_cast<T*>(data_ptr()); }
+
+  /** Same elements with a new shape (one dim may be -1); contiguous tensors only. */
+  Tensor view(const Shape& shape) const;
+  /** Swaps two dims (strided view). */
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  /** Elements [start, start+length) of dim `d`. */
+  Tensor narrow(int64_t d, int64_t start, int64_t length) const;
+  /** Index `index` of dim `d`, which is removed. */
+  Tensor select(int64_t d, int64_t index) const;
+
+  /** A contiguous copy on `device` (synchronous; uses default_stream(device) or the source's). */
+  Tensor to(Device device) const;
+  /** A contiguous copy with the same dtype and device (synchronous). */
+  Tensor clone() const;
+  /** Host values as float (synchronous copy for device tensors); for tests and small reads. */
+  std::vector<float> to_float_vector() const;
+  /** A contiguous CPU tensor of `dtype` holding `values` rounded to it. */
+  static Tensor from_floats(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32,
+                            Device device = Device::cpu());
+
+  /** "Tensor(f32, [3, 4], cpu)". */
+  std::string str() const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // elements from storage start
+  Shape shape_;
+  Shape strides_;  // elements
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace swapopt

@@ -1,0 +1,24 @@
+#pragma once
+// Launchers of swapopt's CUDA kernels (host-callable; defined in kernels/*.cu). Pointers are device
+// pointers; dtype codes are swapopt::DType values; every launch is asynchronous on `stream`.
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace swapopt::kernels {
+
+/** y = alpha * x + beta * y (y not read when beta == 0), elementwise over n values. */
+void axpby(cudaStream_t stream, int64_t n, float alpha, const void* x, int x_dtype, float beta, void* y, int y_dtype);
+/** a = lerp(a, b, weight) with torch's formula. */
+void lerp(cudaStream_t stream, int64_t n, void* a, int a_dtype, const void* b, int b_dtype, float weight);
+/** dst = src converted. */
+void cast(cudaStream_t stream, int64_t n, const void* src, int src_dtype, void* dst, int dst_dtype);
+/** norms[m] = sqrt(sum of squares of x[m*per .. (m+1)*per)) for m < count. */
+void frobenius_norm(cudaStream_t stream, int64_t count, int64_t per, const void* x, int x_dtype, float* norms);
+/** x[m*per + i] /= norms[m] + eps. */
+void scale_by_inverse_norm(cudaStream_t stream, int64_t count, int64_t per, void* x, int x_dtype, const float* norms,
+                           float eps);
+/** Copies the lower triangle of each n x n matrix (batch of `count`) onto its upper triangle. */
+void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t batch_stride, void* c, int c_dtype);
+
+}  // namespace swapopt::kernels

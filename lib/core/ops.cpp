@@ -1,0 +1,180 @@
+// Argument checks shared by both backends, then dispatch on the stream's device.
+#include "swapopt/core/ops.h"
+
+#include <algorithm>
+
+#include "../cpu/cpu_ops.h"
+#include "../cuda/cuda_backend.h"
+#include "matrix_layout.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+MatrixLayout matrix_layout(const Tensor& t, const char* op) {
+  SWAPOPT_CHECK(t.dim() == 2 || t.dim() == 3, "[" << op << "] expected a 2-D or 3-D tensor, got " << t.str());
+  MatrixLayout m;
+  const int64_t r = t.dim() - 2;
+  m.batch = t.dim() == 3 ? t.size(0) : 1;
+  m.rows = t.size(r);
+  m.cols = t.size(r + 1);
+  SWAPOPT_CHECK(t.strides()[size_t(r + 1)] == 1 || m.cols <= 1,
+                "[" << op << "] matrices need unit stride in the last dim, got strides " << shape_str(t.strides()));
+  m.ld = m.rows <= 1 ? m.cols : t.strides()[size_t(r)];
+  SWAPOPT_CHECK(m.ld >= m.cols, "[" << op << "] row stride " << m.ld << " is smaller than " << m.cols << " columns");
+  m.batch_stride = t.dim() == 3 ? t.strides()[0] : 0;
+  return m;
+}
+
+namespace ops {
+
+namespace {
+
+void check_on_stream(const Stream& stream, const Tensor& t, const char* op, const char* name) {
+  SWAPOPT_CHECK(t.defined(), "[" << op << "] " << name << " is undefined");
+  SWAPOPT_CHECK(t.device() == stream.device(),
+                "[" << op << "] " << name << " is on " << t.device().str() << " but the stream is on " << stream.device().str());
+  SWAPOPT_CHECK(!t.is_released(), "[" << op << "] " << name << " " << t.str() << " has released storage");
+}
+
+void check_elementwise(const Stream& stream, const Tensor& x, const Tensor& y, const char* op) {
+  check_on_stream(stream, x, op, "x");
+  check_on_stream(stream, y, op, "y");
+  SWAPOPT_CHECK(x.shape() == y.shape(), "[" << op << "] shape mismatch " << shape_str(x.shape()) << " vs " << shape_str(y.shape()));
+  SWAPOPT_CHECK(x.is_contiguous() && y.is_contiguous(), "[" << op << "] needs contiguous tensors, got " << x.str() << " and " << y.str());
+}
+
+void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, const char* op) {
+  SWAPOPT_CHECK(a.dtype() == b.dtype(), "[" << op << "] dtype mismatch: a is " << dtype_name(a.dtype()) << ", b is "
+                                            << dtype_name(b.dtype()));
+  SWAPOPT_CHECK(a.dtype() != DType::f16 && c.dtype() != DType::f16,
+                "[" << op << "] supports f32 and bf16, got " << dtype_name(a.dtype()) << " -> " << dtype_name(c.dtype()));
+  SWAPOPT_CHECK(c.is_contiguous(), "[" << op << "] output " << c.str() << " must be contiguous");
+}
+
+int64_t matrices_in(const Tensor& x) { return x.dim() < 2 ? 1 : x.numel() / std::max<int64_t>(1, x.size(-1) * x.size(-2)); }
+
+}  // namespace
+
+void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out_c, float alpha,
+          float beta) {
+  const char* op = "gemm";
+  check_on_stream(stream, a, op, "a");
+  check_on_stream(stream, b, op, "b");
+  check_on_stream(stream, out_c, op, "c");
+  check_matmul_dtypes(a, b, out_c, op);
+  const MatrixLayout la = matrix_layout(a, op), lb = matrix_layout(b, op), lc = matrix_layout(out_c, op);
+  const int64_t m = trans_a ? la.cols : la.rows, k = trans_a ? la.rows : la.cols;
+  const int64_t kb = trans_b ? lb.cols : lb.rows, n = trans_b ? lb.rows : lb.cols;
+  SWAPOPT_CHECK(k == kb && lc.rows == m && lc.cols == n && la.batch == lb.batch && lb.batch == lc.batch,
+                "[gemm] shapes do not match: a " << shape_str(a.shape()) << (trans_a ? "^T" : "") << " @ b "
+                                                 << shape_str(b.shape()) << (trans_b ? "^T" : "") << " -> c "
+                                                 << shape_str(out_c.shape()));
+  if (stream.device().is_cpu()) {
+    cpu::gemm(stream, a, trans_a, b, trans_b, out_c, alpha, beta);
+  } else {
+    cuda::gemm(stream, a, trans_a, b, trans_b, out_c, alpha, beta);
+  }
+}
+
+void syrk(Stream& stream, const Tensor& a, const Tensor& out_c, float alpha, float beta) {
+  const char* op = "syrk";
+  check_on_stream(stream, a, op, "a");
+  check_on_stream(stream, out_c, op, "c");
+  check_matmul_dtypes(a, a, out_c, op);
+  const MatrixLayout la = matrix_layout(a, op), lc = matrix_layout(out_c, op);
+  SWAPOPT_CHECK(lc.rows == la.rows && lc.cols == la.rows && la.batch == lc.batch,
+                "[syrk] shapes do not match: a " << shape_str(a.shape()) << " @ a^T -> c " << shape_str(out_c.shape()));
+  if (stream.device().is_cpu()) {
+    cpu::syrk(stream, a, out_c, alpha, beta);
+  } else {
+    cuda::syrk(stream, a, out_c, alpha, beta);
+  }
+}
+
+void scale(Stream& stream, const Tensor& x, float alpha) { axpby(stream, alpha, x, 0.f, x); }
+
+void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& out_y) {
+  check_elementwise(stream, x, out_y, "axpby");
+  if (stream.device().is_cpu()) {
+    cpu::axpby(stream, alpha, x, beta, out_y);
+  } else {
+    cuda::axpby(stream, alpha, x, beta, out_y);
+  }
+}
+
+void lerp(Stream& stream, const Tensor& out_a, const Tensor& b, float weight) {
+  check_elementwise(stream, b, out_a, "lerp");
+  if (stream.device().is_cpu()) {
+    cpu::lerp(stream, out_a, b, weight);
+  } else {
+    cuda::lerp(stream, out_a, b, weight);
+  }
+}
+
+void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
+  check_on_stream(stream, x, "frobenius_norm", "x");
+  check_on_stream(stream, out_norms, "frobenius_norm", "norms");
+  SWAPOPT_CHECK(x.is_contiguous(), "[frobenius_norm] x " << x.str() << " must be contiguous");
+  SWAPOPT_CHECK(out_norms.dtype() == DType::f32 && out_norms.is_contiguous() && out_norms.numel() == matrices_in(x),
+                "[frobenius_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got " << out_norms.str());
+  if (stream.device().is_cpu()) {
+    cpu::frobenius_norm(stream, x, out_norms);
+  } else {
+    cuda::frobenius_norm(stream, x, out_norms);
+  }
+}
+
+void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
+  check_on_stream(stream, x, "scale_by_inverse_norm", "x");
+  check_on_stream(stream, norms, "scale_by_inverse_norm", "norms");
+  SWAPOPT_CHECK(x.is_contiguous(), "[scale_by_inverse_norm] x " << x.str() << " must be contiguous");
+  SWAPOPT_CHECK(norms.dtype() == DType::f32 && norms.is_contiguous() && norms.numel() == matrices_in(x),
+                "[scale_by_inverse_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got "
+                                                                             << norms.str());
+  if (stream.device().is_cpu()) {
+    cpu::scale_by_inverse_norm(stream, x, norms, eps);
+  } else {
+    cuda::scale_by_inverse_norm(stream, x, norms, eps);
+  }
+}
+
+void cast(Stream& stream, const Tensor& src, const Tensor& out_dst) {
+  check_elementwise(stream, src, out_dst, "cast");
+  if (stream.device().is_cpu()) {
+    cpu::cast(stream, src, out_dst);
+  } else {
+    cuda::cast(stream, src, out_dst);
+  }
+}
+
+void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
+  SWAPOPT_CHECK(src.defined() && out_dst.defined(), "[copy] undefined tensor");
+  SWAPOPT_CHECK(!src.is_released() && !out_dst.is_released(), "[copy] released storage: " << src.str() << " -> " << out_dst.str());
+  SWAPOPT_CHECK(src.shape() == out_dst.shape() && src.dtype() == out_dst.dtype(),
+                "[copy] " << src.str() << " -> " << out_dst.str() << ": shape and dtype must match");
+  const bool on_cuda = src.device().is_cuda() || out_dst.device().is_cuda();
+  if (!on_cuda) {
+    SWAPOPT_CHECK(stream.device().is_cpu(), "[copy] a host-to-host copy needs a CPU stream, got " << stream.device().str());
+    cpu::copy(stream, src, out_dst);
+    return;
+  }
+  const Device cuda_side = src.device().is_cuda() ? src.device() : out_dst.device();
+  SWAPOPT_CHECK(stream.device() == cuda_side, "[copy] " << src.str() << " -> " << out_dst.str() << " must run on a stream of "
+                                                        << cuda_side.str() << ", got " << stream.device().str());
+  SWAPOPT_CHECK(src.is_contiguous() && out_dst.is_contiguous(),
+                "[copy] copies to or from a CUDA device need contiguous tensors: " << src.str() << " -> " << out_dst.str());
+  cuda::copy(stream, src, out_dst);
+}
+
+void fill_zero(Stream& stream, const Tensor& out_x) {
+  check_on_stream(stream, out_x, "fill_zero", "x");
+  SWAPOPT_CHECK(out_x.is_contiguous(), "[fill_zero] " << out_x.str() << " must be contiguous");
+  if (stream.device().is_cpu()) {
+    cpu::fill_zero(stream, out_x);
+  } else {
+    cuda::fill_zero(stream, out_x);
+  }
+}
+
+}  // namespace ops
+}  // namespace swapopt

@@ -1,0 +1,79 @@
+#include "swapopt/core/stream.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "../cpu/cpu_stream.h"
+#include "../cuda/cuda_backend.h"
+#include "stream_impl.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+namespace {
+std::atomic<uint64_t> g_streams_created{0};
+std::atomic<uint64_t> g_events_created{0};
+}  // namespace
+
+Stream::Stream(Device device) {
+  if (device.is_cpu()) {
+    impl_ = std::make_shared<cpu::CpuStream>();
+  } else {
+    impl_ = cuda::make_stream(device.index);
+  }
+  ++g_streams_created;
+}
+
+Device Stream::device() const { return impl_->device(); }
+
+void Stream::wait(const Event& event) {
+  SWAPOPT_CHECK(event.device().type == device().type,
+                "[Stream::wait] event on " << event.device().str() << " cannot order a stream on " << device().str());
+  impl_->wait(event.impl());
+}
+
+void Stream::synchronize() { impl_->synchronize(); }
+
+void* Stream::native_handle() const { return impl_->native_handle(); }
+
+void Stream::enqueue(std::function<void()> fn) {
+  SWAPOPT_CHECK(device().is_cpu(), "[Stream::enqueue] host functions run only on CPU streams, not " << device().str());
+  impl_->enqueue(std::move(fn));
+}
+
+Stream& default_stream(Device device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, Stream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(int(device.type), device.index);
+  auto it = streams.find(key);
+  if (it == streams.end()) it = streams.emplace(key, Stream(device)).first;
+  return it->second;
+}
+
+Event::Event(Device device) {
+  if (device.is_cpu()) {
+    impl_ = std::make_shared<cpu::CpuEvent>();
+  } else {
+    impl_ = cuda::make_event(device.index);
+  }
+  ++g_events_created;
+  device_ = device;
+}
+
+Device Event::device() const { return device_; }
+
+void Event::record(Stream& stream) {
+  SWAPOPT_CHECK(stream.device() == device_,
+                "[Event::record] event of " << device_.str() << " recorded on a stream of " << stream.device().str());
+  impl_->record(stream.impl());
+}
+
+bool Event::query() const { return impl_->query(); }
+
+void Event::synchronize() const { impl_->synchronize(); }
+
+HandleStats handle_stats() { return {g_streams_created.load(), g_events_created.load()}; }
+
+}  // namespace swapopt

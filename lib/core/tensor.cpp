@@ -1,0 +1,218 @@
+#include "swapopt/core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "../cuda/cuda_backend.h"
+#include "swapopt/core/allocator.h"
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+#include "swapopt/core/stream.h"
+
+namespace swapopt {
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+namespace {
+void check_shape(const Shape& shape, const char* op) {
+  for (int64_t d : shape) SWAPOPT_CHECK(d >= 0, "[" << op << "] negative dim in shape " << shape_str(shape));
+}
+
+int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
+  const int64_t wrapped = d < 0 ? d + ndim : d;
+  SWAPOPT_CHECK(wrapped >= 0 && wrapped < ndim, "[" << op << "] dim " << d << " out of range for " << ndim << "-D tensor");
+  return wrapped;
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "Tensor::empty");
+  const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  return on_storage(std::make_shared<Storage>(nbytes, device, device_allocator(device)), 0, shape, dtype);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (t.nbytes() == 0) return t;
+  if (device.is_cpu()) {
+    std::memset(t.data_ptr(), 0, t.nbytes());
+  } else {
+    cuda::memset_sync(t.data_ptr(), t.nbytes(), device.index);
+  }
+  return t;
+}
+
+Tensor Tensor::empty_like(const Tensor& other) { return empty(other.shape(), other.dtype(), other.device()); }
+
+Tensor Tensor::zeros_like(const Tensor& other) { return zeros(other.shape(), other.dtype(), other.device()); }
+
+Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device device) {
+  return from_blob(ptr, shape, contiguous_strides(shape), dtype, device);
+}
+
+Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DType dtype, Device device) {
+  check_shape(shape, "Tensor::from_blob");
+  SWAPOPT_CHECK(strides.size() == shape.size(), "[Tensor::from_blob] " << strides.size() << " strides for shape "
+                                                                          << shape_str(shape));
+  SWAPOPT_CHECK(ptr != nullptr || shape_numel(shape) == 0, "[Tensor::from_blob] null pointer for shape " << shape_str(shape));
+  int64_t span = 1;  // elements from the first to one past the last addressed element
+  for (size_t i = 0; i < shape.size(); ++i) {
+    SWAPOPT_CHECK(strides[i] >= 0, "[Tensor::from_blob] negative stride " << strides[i]);
+    if (shape[i] == 0) span = 0;
+    if (span != 0) span += (shape[i] - 1) * strides[i];
+  }
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(ptr, size_t(span) * dtype_size(dtype), device);
+  t.shape_ = shape;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype) {
+  check_shape(shape, "Tensor::on_storage");
+  SWAPOPT_CHECK(storage != nullptr, "[Tensor::on_storage] null storage");
+  const size_t end = (size_t(offset) + size_t(shape_numel(shape))) * dtype_size(dtype);
+  SWAPOPT_CHECK(offset >= 0 && end <= storage->nbytes(), "[Tensor::on_storage] view " << shape_str(shape) << " at offset "
+                                                                                       << offset << " needs " << end
+                                                                                       << " bytes, storage has "
+                                                                                       << storage->nbytes());
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_ = offset;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape_[size_t(wrap_dim(d, dim(), "Tensor::size"))]; }
+
+Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  SWAPOPT_CHECK(defined(), "[Tensor::data_ptr] undefined tensor");
+  SWAPOPT_CHECK(!storage_->released(), "[Tensor::data_ptr] storage of " << str() << " is released");
+  return static_cast<char*>(storage_->data()) + offset_ * int64_t(element_size());
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  SWAPOPT_CHECK(is_contiguous(), "[Tensor::view] " << str() << " is not contiguous");
+  Shape resolved = shape;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    if (resolved[i] == -1) {
+      SWAPOPT_CHECK(infer < 0, "[Tensor::view] more than one -1 in " << shape_str(shape));
+      infer = int(i);
+    } else {
+      SWAPOPT_CHECK(resolved[i] >= 0, "[Tensor::view] negative dim in " << shape_str(shape));
+      known *= resolved[i];
+    }
+  }
+  if (infer >= 0) {
+    SWAPOPT_CHECK(known != 0 && numel() % known == 0, "[Tensor::view] cannot view " << str() << " as " << shape_str(shape));
+    resolved[size_t(infer)] = numel() / known;
+  }
+  SWAPOPT_CHECK(shape_numel(resolved) == numel(), "[Tensor::view] cannot view " << str() << " as " << shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = resolved;
+  t.strides_ = contiguous_strides(resolved);
+  return t;
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  const size_t a = size_t(wrap_dim(d0, dim(), "Tensor::transpose"));
+  const size_t b = size_t(wrap_dim(d1, dim(), "Tensor::transpose"));
+  Tensor t = *this;
+  std::swap(t.shape_[a], t.shape_[b]);
+  std::swap(t.strides_[a], t.strides_[b]);
+  return t;
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  const size_t i = size_t(wrap_dim(d, dim(), "Tensor::narrow"));
+  SWAPOPT_CHECK(start >= 0 && length >= 0 && start + length <= shape_[i],
+                "[Tensor::narrow] range [" << start << ", " << start + length << ") out of dim " << d << " of " << str());
+  Tensor t = *this;
+  t.offset_ += start * strides_[i];
+  t.shape_[i] = length;
+  return t;
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  const size_t i = size_t(wrap_dim(d, dim(), "Tensor::select"));
+  SWAPOPT_CHECK(index >= 0 && index < shape_[i], "[Tensor::select] index " << index << " out of dim " << d << " of " << str());
+  Tensor t = *this;
+  t.offset_ += index * strides_[i];
+  t.shape_.erase(t.shape_.begin() + int64_t(i));
+  t.strides_.erase(t.strides_.begin() + int64_t(i));
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor out = empty(shape_, dtype_, device);
+  Stream& stream = default_stream(device.is_cuda() ? device : this->device());
+  ops::copy(stream, *this, out);
+  stream.synchronize();
+  return out;
+}
+
+Tensor Tensor::clone() const { return to(device()); }
+
+std::vector<float> Tensor::to_float_vector() const {
+  const Tensor host = device().is_cpu() && is_contiguous() ? *this : to(Device::cpu());
+  std::vector<float> values(size_t(host.numel()));
+  const void* base = host.numel() ? host.data_ptr() : nullptr;
+  for (size_t i = 0; i < values.size(); ++i) values[i] = load_as_float(base, i, dtype_);
+  return values;
+}
+
+Tensor Tensor::from_floats(const std::vector<float>& values, const Shape& shape, DType dtype, Device device) {
+  SWAPOPT_CHECK(int64_t(values.size()) == shape_numel(shape),
+                "[Tensor::from_floats] " << values.size() << " values for shape " << shape_str(shape));
+  Tensor host = empty(shape, dtype, Device::cpu());
+  for (size_t i = 0; i < values.size(); ++i) store_from_float(host.data_ptr(), i, dtype, values[i]);
+  return device.is_cpu() ? host : host.to(device);
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream os;
+  os << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device().str() << ")";
+  return os.str();
+}
+
+}  // namespace swapopt

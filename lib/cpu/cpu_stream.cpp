@@ -1,0 +1,109 @@
+#include "cpu_stream.h"
+
+#include "swapopt/core/error.h"
+
+namespace swapopt::cpu {
+
+void CompletionMark::signal() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void CompletionMark::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+}
+
+bool CompletionMark::done() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+CpuStream::CpuStream() : worker_([this] { run(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  worker_.join();
+}
+
+void CpuStream::push(std::function<void()> fn, bool control) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({std::move(fn), control});
+    ++pending_;
+  }
+  work_cv_.notify_one();
+}
+
+void CpuStream::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping and drained
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    const bool skip = error_ && !task.control;
+    lock.unlock();
+    std::exception_ptr failure;
+    if (!skip) {
+      try {
+        task.fn();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    task.fn = nullptr;  // drop captured tensors before reporting idle
+    lock.lock();
+    if (failure && !error_) error_ = failure;
+    if (--pending_ == 0) idle_cv_.notify_all();
+  }
+}
+
+void CpuStream::wait(EventImpl& event) {
+  std::shared_ptr<CompletionMark> mark = static_cast<CpuEvent&>(event).mark();
+  if (!mark) return;  // never recorded: nothing to wait for (as in CUDA)
+  push([mark] { mark->wait(); }, true);
+}
+
+void CpuStream::synchronize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_cv_.wait(lock, [&] { return pending_ == 0; });
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
+void CpuEvent::record(StreamImpl& stream) {
+  auto mark = std::make_shared<CompletionMark>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mark_ = mark;
+  }
+  static_cast<CpuStream&>(stream).push([mark] { mark->signal(); }, true);
+}
+
+std::shared_ptr<CompletionMark> CpuEvent::mark() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mark_;
+}
+
+bool CpuEvent::query() const {
+  std::shared_ptr<CompletionMark> current = mark();
+  return !current || current->done();
+}
+
+void CpuEvent::synchronize() const {
+  std::shared_ptr<CompletionMark> current = mark();
+  if (current) current->wait();
+}
+
+}  // namespace swapopt::cpu

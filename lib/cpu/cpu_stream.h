@@ -1,0 +1,73 @@
+#pragma once
+// CPU streams and events (internal): a stream is a worker thread running its queue in order.
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "../core/stream_impl.h"
+
+namespace swapopt::cpu {
+
+/** One recorded point of an event: set once when the stream reaches it. */
+class CompletionMark {
+ public:
+  void signal();
+  void wait();
+  bool done();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+class CpuStream final : public StreamImpl {
+ public:
+  CpuStream();
+  ~CpuStream() override;
+  Device device() const override { return Device::cpu(); }
+  void wait(EventImpl& event) override;
+  void synchronize() override;
+  void* native_handle() const override { return nullptr; }
+  void enqueue(std::function<void()> fn) override { push(std::move(fn), false); }
+  /** Control tasks (event signals and waits) run even after an earlier task failed, so no waiter
+   *  is left blocked; ordinary tasks after a failure are skipped until synchronize() reports it. */
+  void push(std::function<void()> fn, bool control);
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    bool control;
+  };
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;  // worker: queue non-empty or stopping
+  std::condition_variable idle_cv_;  // synchronize: nothing queued or running
+  std::deque<Task> queue_;
+  size_t pending_ = 0;  // queued + running
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;  // last: starts after the members above exist
+};
+
+class CpuEvent final : public EventImpl {
+ public:
+  void record(StreamImpl& stream) override;
+  bool query() const override;
+  void synchronize() const override;
+  void* native_handle() const override { return nullptr; }
+  /** The last recorded mark, or null if never recorded. */
+  std::shared_ptr<CompletionMark> mark() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<CompletionMark> mark_;
+};
+
+}  // namespace swapopt::cpu

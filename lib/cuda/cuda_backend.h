@@ -1,0 +1,46 @@
+#pragma once
+// The CUDA backend as seen by the backend-neutral core (internal). No CUDA header here: built with
+// -Dcuda=enabled these are implemented in lib/cuda/*.cpp, otherwise by cuda_stub.cpp, which throws
+// "swapopt was built without CUDA".
+
+#include <cstddef>
+#include <memory>
+
+#include "swapopt/core/allocator.h"
+#include "swapopt/core/stream.h"
+#include "swapopt/core/tensor.h"
+
+namespace swapopt {
+class StreamImpl;
+class EventImpl;
+class Stream;
+}  // namespace swapopt
+
+namespace swapopt::cuda {
+
+bool built();
+int device_count();
+
+Allocator& device_allocator(int index);
+/** cudaHostAlloc-backed allocator; valid only when device_count() > 0. */
+Allocator& pinned_allocator();
+
+std::shared_ptr<StreamImpl> make_stream(int index);
+std::shared_ptr<EventImpl> make_event(int index);
+
+/** Synchronous memset of device memory. */
+void memset_sync(void* ptr, size_t nbytes, int index);
+
+void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+          float beta);
+void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float beta);
+void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y);
+void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight);
+void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms);
+void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
+void cast(Stream& stream, const Tensor& src, const Tensor& dst);
+/** Contiguous copy where at least one side is on a CUDA device. */
+void copy(Stream& stream, const Tensor& src, const Tensor& dst);
+void fill_zero(Stream& stream, const Tensor& x);
+
+}  // namespace swapopt::cuda

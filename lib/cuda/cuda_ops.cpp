@@ -1,0 +1,100 @@
+// CUDA ops: GEMM and SYRK on cuBLAS (f32 accumulation), the rest as kernels/ launches.
+#include "../../kernels/kernels.h"
+#include "../core/matrix_layout.h"
+#include "cuda_backend.h"
+#include "cuda_check.h"
+#include "cuda_stream.h"
+
+namespace swapopt::cuda {
+
+namespace {
+
+CudaStream& cuda_stream(Stream& stream) { return static_cast<CudaStream&>(stream.impl()); }
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+int code(DType t) { return int(t); }
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix read
+// column-major is its transpose: so B goes first, and each trans flag carries over unchanged.
+void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+          float beta) {
+  const MatrixLayout la = matrix_layout(a, "gemm"), lb = matrix_layout(b, "gemm"), lc = matrix_layout(c, "gemm");
+  const int64_t k = trans_a ? la.rows : la.cols;
+  CudaStream& s = cuda_stream(stream);
+  SWAPOPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      s.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(lc.cols), int(lc.rows),
+      int(k), &alpha, b.data_ptr(), cuda_type(b.dtype()), int(lb.ld), lb.batch_stride, a.data_ptr(), cuda_type(a.dtype()),
+      int(la.ld), la.batch_stride, &beta, c.data_ptr(), cuda_type(c.dtype()), int(lc.ld), lc.batch_stride, int(lc.batch),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// f32: cublasSsyrk fills one triangle (column-major upper = row-major lower), mirrored by a kernel.
+// bf16: cuBLAS has no real bf16 SYRK, so the full product A A^T is a strided-batched GEMM.
+void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float beta) {
+  if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
+    gemm(stream, a, false, a, true, c, alpha, beta);
+    return;
+  }
+  const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
+  CudaStream& s = cuda_stream(stream);
+  for (int64_t batch = 0; batch < lc.batch; ++batch) {
+    const float* ap = a.data<float>() + batch * la.batch_stride;
+    float* cp = c.data<float>() + batch * lc.batch_stride;
+    SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, int(la.rows), int(la.cols), &alpha,
+                                     ap, int(la.ld), &beta, cp, int(lc.ld)));
+  }
+  kernels::mirror_lower(s.stream(), lc.batch, lc.rows, lc.batch_stride, c.data_ptr(), code(c.dtype()));
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y) {
+  kernels::axpby(cuda_stream(stream).stream(), x.numel(), alpha, x.data_ptr(), code(x.dtype()), beta, y.data_ptr(),
+                 code(y.dtype()));
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
+  kernels::lerp(cuda_stream(stream).stream(), a.numel(), a.data_ptr(), code(a.dtype()), b.data_ptr(), code(b.dtype()), weight);
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
+  const int64_t count = norms.numel();
+  kernels::frobenius_norm(cuda_stream(stream).stream(), count, count ? x.numel() / count : 0, x.data_ptr(), code(x.dtype()),
+                          norms.data<float>());
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
+  const int64_t count = norms.numel();
+  kernels::scale_by_inverse_norm(cuda_stream(stream).stream(), count, count ? x.numel() / count : 0, x.data_ptr(),
+                                 code(x.dtype()), norms.data<float>(), eps);
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void cast(Stream& stream, const Tensor& src, const Tensor& dst) {
+  kernels::cast(cuda_stream(stream).stream(), src.numel(), src.data_ptr(), code(src.dtype()), dst.data_ptr(), code(dst.dtype()));
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
+  if (src.numel() == 0) return;
+  SWAPOPT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDefault, cuda_stream(stream).stream()));
+}
+
+void fill_zero(Stream& stream, const Tensor& x) {
+  if (x.numel() == 0) return;
+  SWAPOPT_CUDA_CHECK(cudaMemsetAsync(x.data_ptr(), 0, x.nbytes(), cuda_stream(stream).stream()));
+}
+
+}  // namespace swapopt::cuda

@@ -1,0 +1,165 @@
+// CUDA devices, allocators, streams and events.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "../core/counting_allocator.h"
+#include "cuda_backend.h"
+#include "cuda_check.h"
+#include "cuda_stream.h"
+
+namespace swapopt::cuda {
+
+bool built() { return true; }
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or no device: clear the sticky status
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+namespace {
+
+void check_device(int index, const char* what) {
+  SWAPOPT_CHECK(index >= 0 && index < device_count(),
+                "[cuda] " << what << ": no CUDA device " << index << " (" << device_count() << " visible)");
+}
+
+cudaStream_t raw(Stream* stream) { return stream ? static_cast<cudaStream_t>(stream->native_handle()) : nullptr; }
+
+/** Stream-ordered device memory (cudaMallocAsync); a free without a stream goes on the legacy
+ *  default stream, which orders after every blocking stream swapopt creates. */
+class CudaDeviceAllocator final : public Allocator {
+ public:
+  explicit CudaDeviceAllocator(int index) : index_(index) {}
+  void* allocate(size_t nbytes, Stream* stream) override {
+    if (nbytes == 0) return nullptr;
+    DeviceGuard guard(index_);
+    void* ptr = nullptr;
+    SWAPOPT_CUDA_CHECK(cudaMallocAsync(&ptr, nbytes, raw(stream)));
+    counter_.on_allocate(nbytes);
+    return ptr;
+  }
+  void deallocate(void* ptr, size_t nbytes, Stream* stream) override {
+    if (ptr == nullptr) return;
+    DeviceGuard guard(index_);
+    SWAPOPT_CUDA_WARN(cudaFreeAsync(ptr, raw(stream)));
+    counter_.on_free(nbytes);
+  }
+  MemoryStats stats() const override { return counter_.stats(); }
+  void reset_peak() override { counter_.reset_peak(); }
+
+ private:
+  int index_;
+  ByteCounter counter_;
+};
+
+class PinnedAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Stream*) override {
+    if (nbytes == 0) return nullptr;
+    void* ptr = nullptr;
+    SWAPOPT_CUDA_CHECK(cudaHostAlloc(&ptr, nbytes, cudaHostAllocDefault));
+    counter_.on_allocate(nbytes);
+    return ptr;
+  }
+  void deallocate(void* ptr, size_t nbytes, Stream*) override {
+    if (ptr == nullptr) return;
+    SWAPOPT_CUDA_WARN(cudaFreeHost(ptr));
+    counter_.on_free(nbytes);
+  }
+  MemoryStats stats() const override { return counter_.stats(); }
+  void reset_peak() override { counter_.reset_peak(); }
+
+ private:
+  ByteCounter counter_;
+};
+
+}  // namespace
+
+Allocator& device_allocator(int index) {
+  check_device(index, "device_allocator");
+  static std::mutex mutex;
+  static std::map<int, CudaDeviceAllocator*> allocators;  // never destroyed: outlive static tensors
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = allocators[index];
+  if (slot == nullptr) slot = new CudaDeviceAllocator(index);
+  return *slot;
+}
+
+Allocator& pinned_allocator() {
+  static PinnedAllocator* allocator = new PinnedAllocator();
+  return *allocator;
+}
+
+void memset_sync(void* ptr, size_t nbytes, int index) {
+  DeviceGuard guard(index);
+  SWAPOPT_CUDA_CHECK(cudaMemset(ptr, 0, nbytes));
+  SWAPOPT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+DeviceGuard::DeviceGuard(int index) {
+  SWAPOPT_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) SWAPOPT_CUDA_CHECK(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() { SWAPOPT_CUDA_WARN(cudaSetDevice(previous_)); }
+
+CudaStream::CudaStream(int index) : index_(index) {
+  check_device(index, "Stream");
+  DeviceGuard guard(index);
+  SWAPOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault));
+  SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
+  SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+}
+
+CudaStream::~CudaStream() {
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) SWAPOPT_CUDA_WARN(cudaStreamDestroy(stream_));
+}
+
+void CudaStream::wait(EventImpl& event) {
+  SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.native_handle()), 0));
+}
+
+void CudaStream::synchronize() { SWAPOPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaStream::enqueue(std::function<void()>) {
+  SWAPOPT_FAIL("[Stream::enqueue] host functions run only on CPU streams");
+}
+
+CudaEvent::CudaEvent(int index) : index_(index) {
+  check_device(index, "Event");
+  DeviceGuard guard(index);
+  SWAPOPT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+}
+
+CudaEvent::~CudaEvent() {
+  if (event_ != nullptr) SWAPOPT_CUDA_WARN(cudaEventDestroy(event_));
+}
+
+void CudaEvent::record(StreamImpl& stream) {
+  SWAPOPT_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
+}
+
+bool CudaEvent::query() const {
+  const cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) return false;
+  SWAPOPT_CUDA_CHECK(status);
+  return true;
+}
+
+void CudaEvent::synchronize() const { SWAPOPT_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+std::shared_ptr<StreamImpl> make_stream(int index) { return std::make_shared<CudaStream>(index); }
+
+std::shared_ptr<EventImpl> make_event(int index) { return std::make_shared<CudaEvent>(index); }
+
+}  // namespace swapopt::cuda

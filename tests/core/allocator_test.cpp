@@ -1,0 +1,43 @@
+#include "test_util.h"
+
+using namespace swapopt;
+
+TEST_CASE("device allocator counts current and peak bytes") {
+  Allocator& alloc = device_allocator(Device::cpu());
+  alloc.reset_peak();
+  const MemoryStats s0 = alloc.stats();
+  void* a = alloc.allocate(1000, nullptr);
+  void* b = alloc.allocate(3000, nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(a) % 512 == 0);
+  CHECK(alloc.stats().current_bytes == s0.current_bytes + 4000);
+  alloc.deallocate(b, 3000, nullptr);
+  void* c = alloc.allocate(500, nullptr);
+  const MemoryStats s1 = alloc.stats();
+  CHECK(s1.current_bytes == s0.current_bytes + 1500);
+  CHECK(s1.peak_bytes == s0.current_bytes + 4000);
+  CHECK(s1.allocations == s0.allocations + 3);
+  CHECK(s1.frees == s0.frees + 1);
+  alloc.deallocate(a, 1000, nullptr);
+  alloc.deallocate(c, 500, nullptr);
+  alloc.reset_peak();
+  CHECK(alloc.stats().peak_bytes == s0.current_bytes);
+}
+
+TEST_CASE("pinned host memory is counted apart from device memory") {
+  const MemoryStats device_before = memory_stats(Device::cpu());
+  Allocator& pinned = pinned_host_allocator();
+  const MemoryStats pinned_before = pinned.stats();
+  {
+    Storage s(1 << 20, Device::cpu(), pinned);
+    CHECK(pinned.stats().current_bytes == pinned_before.current_bytes + (1 << 20));
+    CHECK(memory_stats(Device::cpu()).current_bytes == device_before.current_bytes);
+  }
+  CHECK(pinned.stats().current_bytes == pinned_before.current_bytes);
+}
+
+TEST_CASE("zero-byte allocations are free") {
+  Tensor empty = Tensor::zeros({0, 5}, DType::f32, Device::cpu());
+  CHECK(empty.numel() == 0);
+  CHECK(empty.nbytes() == 0);
+  CHECK_FALSE(empty.is_released());
+}

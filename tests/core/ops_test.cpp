@@ -1,0 +1,191 @@
+#include "test_util.h"
+
+using namespace swapopt;
+using test::compare;
+
+namespace {
+
+struct GemmCase {
+  int64_t batch, m, n, k;
+  bool ta, tb;
+};
+
+// f32 accumulation over k terms of |x| < 1: allow k * 2^-22 absolute error.
+double gemm_tolerance(int64_t k) { return double(k) * 2.5e-7 + 1e-6; }
+
+}  // namespace
+
+TEST_CASE("gemm matches a naive f64 reference on odd shapes, transposes and batches") {
+  Stream s(Device::cpu());
+  const GemmCase cases[] = {{1, 1, 1, 1, false, false}, {1, 3, 517, 7, false, false}, {1, 3, 517, 7, true, false},
+                            {1, 5, 9, 33, false, true},  {1, 64, 65, 63, true, true},   {4, 17, 3, 29, false, true},
+                            {3, 130, 70, 257, false, false}};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const GemmCase& g : cases) {
+      const int64_t ar = g.ta ? g.k : g.m, ac = g.ta ? g.m : g.k, br = g.tb ? g.n : g.k, bc = g.tb ? g.k : g.n;
+      Tensor a = test::random_tensor({g.batch, ar, ac}, dt, 1);
+      Tensor b = test::random_tensor({g.batch, br, bc}, dt, 2);
+      Tensor c = test::random_tensor({g.batch, g.m, g.n}, DType::f32, 3);
+      const std::vector<float> c0 = c.to_float_vector();
+      ops::gemm(s, a, g.ta, b, g.tb, c, 0.5f, 2.f);
+      s.synchronize();
+      const std::vector<float> av = a.to_float_vector(), bv = b.to_float_vector(), cv = c.to_float_vector();
+      for (int64_t i = 0; i < g.batch; ++i) {
+        auto slice = [](const std::vector<float>& v, int64_t i, int64_t n) {
+          return std::vector<float>(v.begin() + i * n, v.begin() + (i + 1) * n);
+        };
+        const auto want = test::naive_gemm(slice(av, i, ar * ac), ar, ac, g.ta, slice(bv, i, br * bc), br, bc, g.tb,
+                                           slice(c0, i, g.m * g.n), 0.5f, 2.f);
+        const auto report = compare(std::string("gemm ") + dtype_name(dt) + " " + std::to_string(g.m) + "x" +
+                                        std::to_string(g.n) + "x" + std::to_string(g.k),
+                                    slice(cv, i, g.m * g.n), want);
+        CHECK(report.max_abs <= gemm_tolerance(g.k) * 4);
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm into a bf16 output rounds the f32 result once") {
+  Stream s(Device::cpu());
+  Tensor a = test::random_tensor({7, 13}, DType::bf16, 4);
+  Tensor b = test::random_tensor({13, 5}, DType::bf16, 5);
+  Tensor c32 = Tensor::zeros({7, 5}, DType::f32, Device::cpu());
+  Tensor c16 = Tensor::zeros({7, 5}, DType::bf16, Device::cpu());
+  ops::gemm(s, a, false, b, false, c32);
+  ops::gemm(s, a, false, b, false, c16);
+  s.synchronize();
+  CHECK(test::rounded(c32.to_float_vector(), DType::bf16) == c16.to_float_vector());
+}
+
+TEST_CASE("gemm reads matrices with a row stride larger than their width") {
+  Stream s(Device::cpu());
+  Tensor wide = test::random_tensor({6, 20}, DType::f32, 6);
+  Tensor a = wide.narrow(1, 3, 9);  // 6 x 9, ld 20
+  Tensor b = test::random_tensor({9, 4}, DType::f32, 7);
+  Tensor c = Tensor::zeros({6, 4}, DType::f32, Device::cpu());
+  ops::gemm(s, a, false, b, false, c);
+  s.synchronize();
+  const auto want = test::naive_gemm(a.to(Device::cpu()).to_float_vector(), 6, 9, false, b.to_float_vector(), 9, 4, false, {}, 1.f, 0.f);
+  CHECK(compare("gemm strided a", c.to_float_vector(), want).max_abs < 1e-5);
+}
+
+TEST_CASE("syrk equals a @ a^T in both triangles") {
+  Stream s(Device::cpu());
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Shape& shape : {Shape{1, 1}, Shape{3, 517}, Shape{2, 200, 31}, Shape{300, 40}}) {
+      Tensor a = test::random_tensor(shape, dt, 8);
+      const int64_t m = a.size(-2), k = a.size(-1), batch = a.dim() == 3 ? a.size(0) : 1;
+      Shape out_shape = shape;
+      out_shape.back() = m;
+      // beta != 0 reads only the lower triangle of c, so the starting c must be symmetric.
+      std::vector<float> c0 = test::random_values(size_t(shape_numel(out_shape)), 9);
+      for (int64_t i = 0; i < batch; ++i)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t col = r + 1; col < m; ++col) c0[size_t(i * m * m + r * m + col)] = c0[size_t(i * m * m + col * m + r)];
+      Tensor c = Tensor::from_floats(c0, out_shape);
+      ops::syrk(s, a, c, 2.f, 0.5f);
+      s.synchronize();
+      const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
+      for (int64_t i = 0; i < batch; ++i) {
+        const std::vector<float> ai(av.begin() + i * m * k, av.begin() + (i + 1) * m * k);
+        const std::vector<float> ci(c0.begin() + i * m * m, c0.begin() + (i + 1) * m * m);
+        const std::vector<float> got(cv.begin() + i * m * m, cv.begin() + (i + 1) * m * m);
+        const auto want = test::naive_gemm(ai, m, k, false, ai, m, k, true, ci, 2.f, 0.5f);
+        CHECK(compare(std::string("syrk ") + dtype_name(dt) + " " + shape_str(shape), got, want).max_abs <= gemm_tolerance(k) * 8);
+      }
+    }
+  }
+}
+
+TEST_CASE("elementwise ops: axpby, scale, lerp, cast match their formulas") {
+  Stream s(Device::cpu());
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Shape shape{3, 517};
+    Tensor x = test::random_tensor(shape, dt, 10);
+    Tensor y = test::random_tensor(shape, DType::f32, 11);
+    const auto xv = x.to_float_vector(), y0 = y.to_float_vector();
+    ops::axpby(s, 0.75f, x, -1.25f, y);
+    s.synchronize();
+    std::vector<float> want(y0.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = 0.75f * xv[i] + -1.25f * y0[i];
+    CHECK(y.to_float_vector() == want);
+
+    Tensor z = x.clone();
+    ops::scale(s, z, 3.f);
+    s.synchronize();
+    for (size_t i = 0; i < want.size(); ++i) want[i] = test::round_to(3.f * xv[i], dt);
+    CHECK(z.to_float_vector() == want);
+
+    Tensor a = test::random_tensor(shape, dt, 12);
+    const auto a0 = a.to_float_vector();
+    for (float w : {0.1f, 0.9f}) {
+      Tensor l = a.clone();
+      ops::lerp(s, l, x, w);
+      s.synchronize();
+      for (size_t i = 0; i < want.size(); ++i)
+        want[i] = test::round_to(w < 0.5f ? a0[i] + w * (xv[i] - a0[i]) : xv[i] - (xv[i] - a0[i]) * (1.f - w), dt);
+      CHECK(l.to_float_vector() == want);
+    }
+
+    Tensor out = Tensor::zeros(shape, DType::bf16, Device::cpu());
+    ops::cast(s, y, out);
+    s.synchronize();
+    CHECK(out.to_float_vector() == test::rounded(y.to_float_vector(), DType::bf16));
+  }
+}
+
+TEST_CASE("frobenius_norm and scale_by_inverse_norm work per matrix of a batch") {
+  Stream s(Device::cpu());
+  Tensor x = test::random_tensor({3, 17, 5}, DType::f32, 13);
+  Tensor norms = Tensor::zeros({3}, DType::f32, Device::cpu());
+  ops::frobenius_norm(s, x, norms);
+  s.synchronize();
+  const auto xv = x.to_float_vector();
+  std::vector<float> want(3);
+  for (int m = 0; m < 3; ++m) {
+    double sum = 0;
+    for (int i = 0; i < 85; ++i) sum += double(xv[size_t(m * 85 + i)]) * xv[size_t(m * 85 + i)];
+    want[size_t(m)] = float(std::sqrt(sum));
+  }
+  CHECK(norms.to_float_vector() == want);
+  ops::scale_by_inverse_norm(s, x, norms, 1e-7f);
+  ops::frobenius_norm(s, x, norms);
+  s.synchronize();
+  compare("normalised norms", norms.to_float_vector(), {1.f, 1.f, 1.f});
+  for (float n : norms.to_float_vector()) CHECK(n == doctest::Approx(1.0).epsilon(1e-6));
+  Tensor bad = Tensor::zeros({2}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(ops::frobenius_norm(s, x, bad),
+                       "[frobenius_norm] norms must be contiguous f32 with 3 elements, got Tensor(f32, [2], cpu)", Error);
+}
+
+TEST_CASE("copy handles strided sources and checks its arguments") {
+  Stream s(Device::cpu());
+  Tensor src = Tensor::from_floats({0, 1, 2, 3, 4, 5}, {2, 3}).transpose(0, 1);
+  Tensor dst = Tensor::zeros({3, 2}, DType::f32, Device::cpu());
+  ops::copy(s, src, dst);
+  s.synchronize();
+  CHECK(dst.to_float_vector() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  Tensor zeros = Tensor::from_floats({1, 2, 3}, {3});
+  ops::fill_zero(s, zeros);
+  s.synchronize();
+  CHECK(zeros.to_float_vector() == std::vector<float>{0, 0, 0});
+  CHECK_THROWS_WITH_AS(ops::copy(s, dst, Tensor::zeros({2, 3}, DType::f32, Device::cpu())),
+                       "[copy] Tensor(f32, [3, 2], cpu) -> Tensor(f32, [2, 3], cpu): shape and dtype must match", Error);
+}
+
+TEST_CASE("ops reject bad arguments with the operation and the values") {
+  Stream s(Device::cpu());
+  Tensor a = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
+  Tensor b = Tensor::zeros({5, 6}, DType::f32, Device::cpu());
+  Tensor c = Tensor::zeros({3, 6}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(ops::gemm(s, a, false, b, false, c), "[gemm] shapes do not match: a [3, 4] @ b [5, 6] -> c [3, 6]", Error);
+  Tensor a16 = Tensor::zeros({3, 4}, DType::bf16, Device::cpu());
+  CHECK_THROWS_WITH_AS(ops::gemm(s, a16, false, Tensor::zeros({4, 6}, DType::f32, Device::cpu()), false, c),
+                       "[gemm] dtype mismatch: a is bf16, b is f32", Error);
+  CHECK_THROWS_WITH_AS(ops::axpby(s, 1.f, a, 1.f, c), "[axpby] shape mismatch [3, 4] vs [3, 6]", Error);
+  CHECK_THROWS_WITH_AS(ops::gemm(s, Tensor::zeros({4}, DType::f32, Device::cpu()), false, b, false, c),
+                       "[gemm] expected a 2-D or 3-D tensor, got Tensor(f32, [4], cpu)", Error);
+  Tensor shell = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
+  shell.storage()->release();
+  CHECK_THROWS_WITH_AS(ops::scale(s, shell, 2.f), "[axpby] x Tensor(f32, [3, 4], cpu) has released storage", Error);
+}

@@ -1,0 +1,120 @@
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "test_util.h"
+
+using namespace swapopt;
+
+TEST_CASE("a CPU stream runs its queue in order on its own thread") {
+  Stream s(Device::cpu());
+  std::vector<int> order;
+  std::thread::id worker;
+  for (int i = 0; i < 100; ++i) s.enqueue([&order, &worker, i] {
+      order.push_back(i);
+      worker = std::this_thread::get_id();
+    });
+  s.synchronize();
+  REQUIRE(order.size() == 100);
+  for (int i = 0; i < 100; ++i) CHECK(order[size_t(i)] == i);
+  CHECK(worker != std::this_thread::get_id());
+}
+
+TEST_CASE("wait(event) orders a second stream after the first, as in CUDA") {
+  Stream producer(Device::cpu()), consumer(Device::cpu());
+  Event ready(Device::cpu());
+  std::atomic<int> value{0};
+  int seen = -1;
+  producer.enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    value = 42;
+  });
+  ready.record(producer);
+  consumer.wait(ready);
+  consumer.enqueue([&] { seen = value.load(); });
+  consumer.synchronize();
+  CHECK(seen == 42);
+  CHECK(ready.query());
+}
+
+TEST_CASE("many events across four streams keep a global order") {
+  // Step i runs on stream i % 4 and waits for step i-1's event: a strict chain across streams.
+  std::vector<Stream> streams;
+  for (int i = 0; i < 4; ++i) streams.emplace_back(Device::cpu());
+  std::vector<Event> events;
+  for (int i = 0; i < 400; ++i) events.emplace_back(Device::cpu());
+  std::mutex mutex;
+  std::vector<int> order;
+  for (int i = 0; i < 400; ++i) {
+    Stream& s = streams[size_t(i % 4)];
+    if (i > 0) s.wait(events[size_t(i - 1)]);
+    s.enqueue([&, i] {
+      std::lock_guard<std::mutex> lock(mutex);
+      order.push_back(i);
+    });
+    events[size_t(i)].record(s);
+  }
+  events.back().synchronize();
+  for (Stream& s : streams) s.synchronize();
+  REQUIRE(order.size() == 400);
+  for (int i = 0; i < 400; ++i) CHECK(order[size_t(i)] == i);
+}
+
+TEST_CASE("a re-recorded event: waits taken earlier keep the earlier point") {
+  Stream a(Device::cpu()), b(Device::cpu());
+  Event e(Device::cpu());
+  std::atomic<bool> gate{false};
+  std::atomic<int> stage{0};
+  a.enqueue([&] { stage = 1; });
+  e.record(a);
+  b.wait(e);  // refers to stage 1 only
+  int seen = -1;
+  b.enqueue([&] { seen = stage.load(); });
+  b.synchronize();
+  a.enqueue([&] {
+    while (!gate) std::this_thread::yield();
+    stage = 2;
+  });
+  e.record(a);  // new point, not yet reached
+  CHECK_FALSE(e.query());
+  gate = true;
+  e.synchronize();
+  CHECK(seen == 1);
+  CHECK(stage == 2);
+}
+
+TEST_CASE("waiting on a never-recorded event does not block") {
+  Stream s(Device::cpu());
+  Event never(Device::cpu());
+  CHECK(never.query());
+  s.wait(never);
+  bool ran = false;
+  s.enqueue([&] { ran = true; });
+  s.synchronize();
+  CHECK(ran);
+}
+
+TEST_CASE("an error in stream work is reported by synchronize, later work is skipped, events still fire") {
+  Stream s(Device::cpu()), other(Device::cpu());
+  Event e(Device::cpu());
+  bool later_ran = false;
+  s.enqueue([] { throw Error("boom"); });
+  s.enqueue([&] { later_ran = true; });
+  e.record(s);
+  other.wait(e);  // must not hang although the stream failed
+  other.synchronize();
+  CHECK_THROWS_WITH_AS(s.synchronize(), "boom", Error);
+  CHECK_FALSE(later_ran);
+  s.enqueue([&] { later_ran = true; });  // the error was reported: the stream runs again
+  s.synchronize();
+  CHECK(later_ran);
+}
+
+TEST_CASE("stream and event creation is counted") {
+  const HandleStats before = handle_stats();
+  { Stream s(Device::cpu()); Event e(Device::cpu()); }
+  const HandleStats after = handle_stats();
+  CHECK(after.streams_created == before.streams_created + 1);
+  CHECK(after.events_created == before.events_created + 1);
+}

@@ -1,0 +1,95 @@
+#include "test_util.h"
+
+using namespace swapopt;
+
+TEST_CASE("contiguous tensors: shape, strides, views share storage") {
+  Tensor t = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
+  CHECK(t.strides() == Shape{4, 1});
+  CHECK(t.is_contiguous());
+  CHECK(t.nbytes() == 48);
+  Tensor v = t.view({2, -1});
+  CHECK(v.shape() == Shape{2, 6});
+  v.data<float>()[5] = 7.f;
+  CHECK(t.data<float>()[5] == 7.f);
+  CHECK_THROWS_WITH_AS(t.view({5, -1}), "[Tensor::view] cannot view Tensor(f32, [3, 4], cpu) as [5, -1]", Error);
+}
+
+TEST_CASE("transpose, narrow and select make strided views") {
+  Tensor t = Tensor::from_floats({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor tt = t.transpose(0, 1);
+  CHECK(tt.shape() == Shape{3, 2});
+  CHECK(tt.strides() == Shape{1, 3});
+  CHECK_FALSE(tt.is_contiguous());
+  CHECK(tt.to_float_vector() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  Tensor col = t.narrow(1, 1, 2);
+  CHECK(col.offset() == 1);
+  CHECK(col.to_float_vector() == std::vector<float>{1, 2, 4, 5});
+  Tensor row = t.select(0, 1);
+  CHECK(row.shape() == Shape{3});
+  CHECK(row.to_float_vector() == std::vector<float>{3, 4, 5});
+  CHECK_THROWS_WITH_AS(tt.view({6}), "[Tensor::view] Tensor(f32, [3, 2], cpu) is not contiguous", Error);
+  CHECK_THROWS_WITH_AS(t.narrow(1, 2, 2), "[Tensor::narrow] range [2, 4) out of dim 1 of Tensor(f32, [2, 3], cpu)", Error);
+  CHECK_THROWS_WITH_AS(t.select(2, 0), "[Tensor::select] dim 2 out of range for 2-D tensor", Error);
+}
+
+TEST_CASE("release and restore are seen by every view of a storage") {
+  const MemoryStats before = memory_stats(Device::cpu());
+  Tensor t = Tensor::zeros({1024}, DType::f32, Device::cpu());
+  Tensor view = t.view({32, 32});
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes + 4096);
+  t.storage()->release();
+  CHECK(t.is_released());
+  CHECK(view.is_released());
+  CHECK(view.nbytes() == 4096);  // a shell keeps its metadata
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes);
+  CHECK_THROWS_WITH_AS(view.data_ptr(), "[Tensor::data_ptr] storage of Tensor(f32, [32, 32], cpu) is released", Error);
+  view.storage()->restore();
+  CHECK_FALSE(t.is_released());
+  CHECK(t.data_ptr() == view.data_ptr());
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes + 4096);
+}
+
+TEST_CASE("from_blob wraps trainer memory without owning it") {
+  std::vector<float> owned(12, 1.5f);
+  const MemoryStats before = memory_stats(Device::cpu());
+  {
+    Tensor t = Tensor::from_blob(owned.data(), {3, 4}, DType::f32, Device::cpu());
+    CHECK(t.data<float>() == owned.data());
+    CHECK_FALSE(t.storage()->owned());
+    t.data<float>()[0] = 2.f;
+    CHECK_THROWS_WITH_AS(t.storage()->release(),
+                         "[Storage::release] cannot release memory swapopt does not own (from_blob)", Error);
+    Tensor strided = Tensor::from_blob(owned.data(), {2, 2}, {4, 2}, DType::f32, Device::cpu());
+    CHECK(strided.strides() == Shape{4, 2});
+    CHECK(memory_stats(Device::cpu()).allocations == before.allocations);
+  }
+  // Dropping the tensors freed nothing and allocated nothing: the memory is still the caller's.
+  CHECK(owned[0] == 2.f);
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes);
+  CHECK(memory_stats(Device::cpu()).frees == before.frees);
+  Tensor strided = Tensor::from_blob(owned.data(), {2, 2}, {4, 2}, DType::f32, Device::cpu());
+  CHECK(strided.to_float_vector() == std::vector<float>{2.f, 1.5f, 1.5f, 1.5f});
+}
+
+TEST_CASE("to, clone and from_floats copy values between dtypes and layouts") {
+  Tensor t = Tensor::from_floats({1.f, 2.5f, -3.f, 1e-3f}, {2, 2}, DType::bf16);
+  CHECK(t.dtype() == DType::bf16);
+  Tensor c = t.clone();
+  CHECK(c.data_ptr() != t.data_ptr());
+  CHECK(test::same_bits(c, t));
+  Tensor tt = Tensor::from_floats({0, 1, 2, 3, 4, 5}, {2, 3}).transpose(0, 1).to(Device::cpu());
+  CHECK(tt.is_contiguous());
+  CHECK(tt.to_float_vector() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  CHECK_THROWS_WITH_AS(Tensor::from_floats({1.f}, {2}), "[Tensor::from_floats] 1 values for shape [2]", Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({2, -1}, DType::f32, Device::cpu()), "[Tensor::empty] negative dim in shape [2, -1]", Error);
+}
+
+TEST_CASE("CUDA tensors fail with a named error in a build or machine without CUDA" * doctest::skip(!test::no_gpu())) {
+  if (!cuda_built()) {
+    CHECK_THROWS_WITH_AS(Tensor::empty({4}, DType::f32, Device::cuda(0)),
+                         "[cuda] device_allocator: swapopt was built without CUDA (reconfigure with -Dcuda=enabled)", Error);
+  } else {
+    CHECK_THROWS_WITH_AS(Tensor::empty({4}, DType::f32, Device::cuda(0)), "[cuda] device_allocator: no CUDA device 0 (0 visible)",
+                         Error);
+  }
+}

@@ -1,0 +1,88 @@
+#pragma once
+// Helpers shared by the test files: seeded data, naive references, error reports.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "swapopt/swapopt.h"
+
+namespace swapopt::test {
+
+/** Deterministic values in [-1, 1). */
+inline std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+inline Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed, Device device = Device::cpu()) {
+  return Tensor::from_floats(random_values(size_t(shape_numel(shape)), seed), shape, dtype, device);
+}
+
+/** `x` rounded to `dtype` and read back, as a tensor of that dtype stores it. */
+inline float round_to(float x, DType dtype) {
+  float out = 0;
+  store_from_float(&out, 0, dtype, x);
+  return load_as_float(&out, 0, dtype);
+}
+
+inline std::vector<float> rounded(std::vector<float> v, DType dtype) {
+  for (float& x : v) x = round_to(x, dtype);
+  return v;
+}
+
+/** Largest absolute and relative difference; prints "label: max abs E, max rel R" as the style asks. */
+struct ErrorReport {
+  double max_abs = 0;
+  double max_rel = 0;
+};
+
+inline ErrorReport compare(const std::string& label, const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  ErrorReport r;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    r.max_abs = std::max(r.max_abs, d);
+    r.max_rel = std::max(r.max_rel, d / std::max(1e-6, std::fabs(double(want[i]))));
+  }
+  MESSAGE(label << ": max abs " << r.max_abs << ", max rel " << r.max_rel);
+  return r;
+}
+
+/** Bitwise equality of two tensors' bytes (after bringing both to the host). */
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return a.nbytes() == 0 || std::memcmp(ha.data_ptr(), hb.data_ptr(), a.nbytes()) == 0;
+}
+
+/** Naive f64 reference of c = alpha * op(a) op(b) + beta * c for one row-major matrix. */
+inline std::vector<float> naive_gemm(const std::vector<float>& a, int64_t ar, int64_t ac, bool ta, const std::vector<float>& b,
+                                     int64_t br, int64_t bc, bool tb, const std::vector<float>& c, float alpha, float beta) {
+  const int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  std::vector<float> out(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a[size_t(p * ac + i)] : a[size_t(i * ac + p)];
+        const double bv = tb ? b[size_t(j * bc + p)] : b[size_t(p * bc + j)];
+        s += av * bv;
+      }
+      out[size_t(i * n + j)] = float(alpha * s + (beta == 0.f ? 0.0 : double(beta) * c[size_t(i * n + j)]));
+    }
+  return out;
+}
+
+/** True when a CUDA device can run the CUDA suites. */
+inline bool no_gpu() { return cuda_device_count() == 0; }
+
+}  // namespace swapopt::test
