@@ -26,8 +26,8 @@ int main() {
   ops::frobenius_norm(compute, x, norm);
   ops::scale_by_inverse_norm(compute, x, norm, 1e-7f);
   for (int step = 0; step < 5; ++step) {
-    ops::syrk(compute, x, a);                      // A = X X^T
-    ops::syrk(compute, a, b, 2.0315f);             // B = c A^2 ...
+    ops::syrk(compute, x, false, a);                      // A = X X^T
+    ops::syrk(compute, a, false, b, 2.0315f);             // B = c A^2 ...
     ops::axpby(compute, -4.7750f, a, 1.f, b);      //   ... + b A
     ops::gemm(compute, b, false, x, false, y);     // B X
     ops::axpby(compute, 3.4445f, x, 1.f, y);       // a X + B X

@@ -22,3 +22,18 @@ void scale_by_inverse_norm(cudaStream_t stream, int64_t count, int64_t per, void
 void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t batch_stride, void* c, int c_dtype);
 
 }  // namespace swapopt::kernels
+
+namespace swapopt::kernels {
+
+/** Muon momentum (see swapopt/optim/optim_ops.h). */
+void muon_momentum(cudaStream_t stream, int64_t n, const void* grad, int grad_dtype, void* buf, int buf_dtype, void* update,
+                   int update_dtype, float m1, float m2, bool nesterov);
+
+/** AdamW step (see swapopt/optim/optim_ops.h); max_exp_avg_sq may be null. */
+struct AdamWArgs {
+  float decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
+};
+void adamw_update(cudaStream_t stream, int64_t n, void* param, int param_dtype, const void* grad, int grad_dtype,
+                  float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, AdamWArgs args);
+
+}  // namespace swapopt::kernels

@@ -76,18 +76,20 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
   }
 }
 
-void syrk(Stream& stream, const Tensor& a, const Tensor& out_c, float alpha, float beta) {
+void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& out_c, float alpha, float beta) {
   const char* op = "syrk";
   check_on_stream(stream, a, op, "a");
   check_on_stream(stream, out_c, op, "c");
   check_matmul_dtypes(a, a, out_c, op);
   const MatrixLayout la = matrix_layout(a, op), lc = matrix_layout(out_c, op);
-  SWAPOPT_CHECK(lc.rows == la.rows && lc.cols == la.rows && la.batch == lc.batch,
-                "[syrk] shapes do not match: a " << shape_str(a.shape()) << " @ a^T -> c " << shape_str(out_c.shape()));
+  const int64_t m = trans_a ? la.cols : la.rows;
+  SWAPOPT_CHECK(lc.rows == m && lc.cols == m && la.batch == lc.batch,
+                "[syrk] shapes do not match: a " << shape_str(a.shape()) << (trans_a ? "^T" : "") << " @ its transpose -> c "
+                                                 << shape_str(out_c.shape()));
   if (stream.device().is_cpu()) {
-    cpu::syrk(stream, a, out_c, alpha, beta);
+    cpu::syrk(stream, a, trans_a, out_c, alpha, beta);
   } else {
-    cuda::syrk(stream, a, out_c, alpha, beta);
+    cuda::syrk(stream, a, trans_a, out_c, alpha, beta);
   }
 }
 

@@ -7,26 +7,27 @@ namespace swapopt {
 
 Storage::Storage(size_t nbytes, Device device, Allocator& allocator, Stream* stream)
     : nbytes_(nbytes), device_(device), allocator_(&allocator) {
+  if (stream != nullptr) stream_ = *stream;
   ptr_ = allocator_->allocate(nbytes_, stream);
 }
 
 Storage::Storage(void* ptr, size_t nbytes, Device device) : ptr_(ptr), nbytes_(nbytes), device_(device) {}
 
 Storage::~Storage() {
-  if (allocator_ != nullptr && ptr_ != nullptr) allocator_->deallocate(ptr_, nbytes_, nullptr);
+  if (allocator_ != nullptr && ptr_ != nullptr) allocator_->deallocate(ptr_, nbytes_, stream_ ? &*stream_ : nullptr);
 }
 
 void Storage::release(Stream* stream) {
   SWAPOPT_CHECK(owned(), "[Storage::release] cannot release memory swapopt does not own (from_blob)");
   if (ptr_ == nullptr) return;
-  allocator_->deallocate(ptr_, nbytes_, stream);
+  allocator_->deallocate(ptr_, nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
   ptr_ = nullptr;
 }
 
 void Storage::restore(Stream* stream) {
   SWAPOPT_CHECK(owned(), "[Storage::restore] cannot restore memory swapopt does not own (from_blob)");
   if (ptr_ != nullptr || nbytes_ == 0) return;
-  ptr_ = allocator_->allocate(nbytes_, stream);
+  ptr_ = allocator_->allocate(nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
 }
 
 }  // namespace swapopt

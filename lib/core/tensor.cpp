@@ -47,10 +47,10 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
 }
 }  // namespace
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* stream) {
   check_shape(shape, "Tensor::empty");
   const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
-  return on_storage(std::make_shared<Storage>(nbytes, device, device_allocator(device)), 0, shape, dtype);
+  return on_storage(std::make_shared<Storage>(nbytes, device, device_allocator(device), stream), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {

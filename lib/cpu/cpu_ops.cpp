@@ -53,12 +53,12 @@ void store_output(const Tensor& c, const MatrixLayout& l, int64_t b, const float
   for (int64_t i = 0; i < l.rows * l.cols; ++i) store_from_float(base, size_t(b * l.batch_stride + i), c.dtype(), values[size_t(i)]);
 }
 
-template <typename LhsExpr, typename RhsExpr>
-void multiply_into(MatrixMap& c, const LhsExpr& lhs, const RhsExpr& rhs, float alpha, float beta) {
+/** c = alpha * lhs * rhs when beta == 0, else c += alpha * lhs * rhs (c already scaled by beta). */
+template <typename Out, typename LhsExpr, typename RhsExpr>
+void multiply_into(Out&& c, const LhsExpr& lhs, const RhsExpr& rhs, float alpha, float beta) {
   if (beta == 0.f) {
     c.noalias() = alpha * lhs * rhs;
   } else {
-    if (beta != 1.f) c *= beta;
     c.noalias() += alpha * lhs * rhs;
   }
 }
@@ -73,6 +73,7 @@ void gemm_now(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
     ConstMatrixMap mb(fb.data, lb.rows, lb.cols, Eigen::OuterStride<>(fb.ld));
     float* out = output_f32(c, lc, batch, beta, c_scratch);
     MatrixMap mc(out, lc.rows, lc.cols, Eigen::OuterStride<>(c.dtype() == DType::f32 ? lc.ld : lc.cols));
+    if (beta != 0.f && beta != 1.f) mc *= beta;
     if (!trans_a && !trans_b) multiply_into(mc, ma, mb, alpha, beta);
     if (!trans_a && trans_b) multiply_into(mc, ma, mb.transpose(), alpha, beta);
     if (trans_a && !trans_b) multiply_into(mc, ma.transpose(), mb, alpha, beta);
@@ -84,10 +85,10 @@ void gemm_now(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, cons
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
 constexpr int64_t kSyrkBlock = 128;
 
-void syrk_now(const Tensor& a, const Tensor& c, float alpha, float beta) {
+void syrk_now(const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
   const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
   std::vector<float> a_scratch, c_scratch;
-  const int64_t m = la.rows;
+  const int64_t m = lc.rows;
   for (int64_t batch = 0; batch < lc.batch; ++batch) {
     const F32Matrix fa = widen(a, la, batch, a_scratch);
     ConstMatrixMap ma(fa.data, la.rows, la.cols, Eigen::OuterStride<>(fa.ld));
@@ -98,11 +99,11 @@ void syrk_now(const Tensor& a, const Tensor& c, float alpha, float beta) {
     for (int64_t r0 = 0; r0 < m; r0 += kSyrkBlock) {
       const int64_t rows = std::min(kSyrkBlock, m - r0), cols = r0 + rows;
       auto block = mc.block(r0, 0, rows, cols);
-      if (beta == 0.f) {
-        block.noalias() = alpha * ma.middleRows(r0, rows) * ma.topRows(cols).transpose();
+      if (beta != 0.f && beta != 1.f) block *= beta;
+      if (trans_a) {
+        multiply_into(block, ma.middleCols(r0, rows).transpose(), ma.leftCols(cols), alpha, beta);
       } else {
-        if (beta != 1.f) block *= beta;
-        block.noalias() += alpha * ma.middleRows(r0, rows) * ma.topRows(cols).transpose();
+        multiply_into(block, ma.middleRows(r0, rows), ma.topRows(cols).transpose(), alpha, beta);
       }
     }
     for (int64_t i = 0; i < m; ++i)
@@ -144,8 +145,8 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
   stream.enqueue([=] { gemm_now(a, trans_a, b, trans_b, c, alpha, beta); });
 }
 
-void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float beta) {
-  stream.enqueue([=] { syrk_now(a, c, alpha, beta); });
+void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
+  stream.enqueue([=] { syrk_now(a, trans_a, c, alpha, beta); });
 }
 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y) {

@@ -33,7 +33,7 @@ void memset_sync(void* ptr, size_t nbytes, int index);
 
 void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
           float beta);
-void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float beta);
+void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta);
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y);
 void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight);
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms);
@@ -42,5 +42,16 @@ void cast(Stream& stream, const Tensor& src, const Tensor& dst);
 /** Contiguous copy where at least one side is on a CUDA device. */
 void copy(Stream& stream, const Tensor& src, const Tensor& dst);
 void fill_zero(Stream& stream, const Tensor& x);
+
+}  // namespace swapopt::cuda
+
+#include "swapopt/optim/optim_ops.h"
+
+namespace swapopt::cuda {
+
+void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
+                   bool nesterov);
+void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  const Tensor& max_exp_avg_sq, const ops::AdamWScalars& scalars);
 
 }  // namespace swapopt::cuda

@@ -40,9 +40,9 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
 
 // f32: cublasSsyrk fills one triangle (column-major upper = row-major lower), mirrored by a kernel.
 // bf16: cuBLAS has no real bf16 SYRK, so the full product A A^T is a strided-batched GEMM.
-void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float beta) {
+void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
   if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
-    gemm(stream, a, false, a, true, c, alpha, beta);
+    gemm(stream, a, trans_a, a, !trans_a, c, alpha, beta);
     return;
   }
   const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
@@ -50,8 +50,9 @@ void syrk(Stream& stream, const Tensor& a, const Tensor& c, float alpha, float b
   for (int64_t batch = 0; batch < lc.batch; ++batch) {
     const float* ap = a.data<float>() + batch * la.batch_stride;
     float* cp = c.data<float>() + batch * lc.batch_stride;
-    SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, int(la.rows), int(la.cols), &alpha,
-                                     ap, int(la.ld), &beta, cp, int(lc.ld)));
+    // Read column-major, a is a^T: a @ a^T is (a^T)^T (a^T) (OP_T), a^T @ a is (a^T)(a^T)^T (OP_N).
+    SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, trans_a ? CUBLAS_OP_N : CUBLAS_OP_T, int(lc.rows),
+                                     int(trans_a ? la.rows : la.cols), &alpha, ap, int(la.ld), &beta, cp, int(lc.ld)));
   }
   kernels::mirror_lower(s.stream(), lc.batch, lc.rows, lc.batch_stride, c.data_ptr(), code(c.dtype()));
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
@@ -95,6 +96,27 @@ void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
 void fill_zero(Stream& stream, const Tensor& x) {
   if (x.numel() == 0) return;
   SWAPOPT_CUDA_CHECK(cudaMemsetAsync(x.data_ptr(), 0, x.nbytes(), cuda_stream(stream).stream()));
+}
+
+}  // namespace swapopt::cuda
+
+namespace swapopt::cuda {
+
+void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
+                   bool nesterov) {
+  kernels::muon_momentum(static_cast<CudaStream&>(stream.impl()).stream(), grad.numel(), grad.data_ptr(), int(grad.dtype()),
+                         buf.data_ptr(), int(buf.dtype()), update.data_ptr(), int(update.dtype()), m1, m2, nesterov);
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  const Tensor& max_exp_avg_sq, const ops::AdamWScalars& k) {
+  const kernels::AdamWArgs args{k.decay, k.one_minus_beta1, k.beta2, k.one_minus_beta2, k.bias_correction2_sqrt, k.eps,
+                                k.neg_step_size};
+  kernels::adamw_update(static_cast<CudaStream&>(stream.impl()).stream(), param.numel(), param.data_ptr(), int(param.dtype()),
+                        grad.data_ptr(), int(grad.dtype()), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                        max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr, args);
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace swapopt::cuda

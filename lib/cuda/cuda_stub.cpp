@@ -20,7 +20,7 @@ std::shared_ptr<StreamImpl> make_stream(int) { not_built("Stream"); }
 std::shared_ptr<EventImpl> make_event(int) { not_built("Event"); }
 void memset_sync(void*, size_t, int) { not_built("memset"); }
 void gemm(Stream&, const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) { not_built("gemm"); }
-void syrk(Stream&, const Tensor&, const Tensor&, float, float) { not_built("syrk"); }
+void syrk(Stream&, const Tensor&, bool, const Tensor&, float, float) { not_built("syrk"); }
 void axpby(Stream&, float, const Tensor&, float, const Tensor&) { not_built("axpby"); }
 void lerp(Stream&, const Tensor&, const Tensor&, float) { not_built("lerp"); }
 void frobenius_norm(Stream&, const Tensor&, const Tensor&) { not_built("frobenius_norm"); }
@@ -28,5 +28,8 @@ void scale_by_inverse_norm(Stream&, const Tensor&, const Tensor&, float) { not_b
 void cast(Stream&, const Tensor&, const Tensor&) { not_built("cast"); }
 void copy(Stream&, const Tensor&, const Tensor&) { not_built("copy"); }
 void fill_zero(Stream&, const Tensor&) { not_built("fill_zero"); }
-
+void muon_momentum(Stream&, const Tensor&, const Tensor&, const Tensor&, float, float, bool) { not_built("muon_momentum"); }
+void adamw_update(Stream&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const ops::AdamWScalars&) {
+  not_built("adamw_update");
+}
 }  // namespace swapopt::cuda

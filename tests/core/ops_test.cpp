@@ -83,7 +83,7 @@ TEST_CASE("syrk equals a @ a^T in both triangles") {
         for (int64_t r = 0; r < m; ++r)
           for (int64_t col = r + 1; col < m; ++col) c0[size_t(i * m * m + r * m + col)] = c0[size_t(i * m * m + col * m + r)];
       Tensor c = Tensor::from_floats(c0, out_shape);
-      ops::syrk(s, a, c, 2.f, 0.5f);
+      ops::syrk(s, a, false, c, 2.f, 0.5f);
       s.synchronize();
       const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
       for (int64_t i = 0; i < batch; ++i) {
@@ -93,6 +93,26 @@ TEST_CASE("syrk equals a @ a^T in both triangles") {
         const auto want = test::naive_gemm(ai, m, k, false, ai, m, k, true, ci, 2.f, 0.5f);
         CHECK(compare(std::string("syrk ") + dtype_name(dt) + " " + shape_str(shape), got, want).max_abs <= gemm_tolerance(k) * 8);
       }
+    }
+  }
+}
+
+TEST_CASE("syrk with trans_a equals a^T @ a") {
+  Stream s(Device::cpu());
+  for (const Shape& shape : {Shape{517, 3}, Shape{2, 31, 200}}) {
+    Tensor a = test::random_tensor(shape, DType::f32, 14);
+    const int64_t r = a.size(-2), m = a.size(-1), batch = a.dim() == 3 ? a.size(0) : 1;
+    Shape out_shape = shape;
+    out_shape[out_shape.size() - 2] = m;
+    Tensor c = Tensor::zeros(out_shape, DType::f32, Device::cpu());
+    ops::syrk(s, a, true, c);
+    s.synchronize();
+    const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::vector<float> ai(av.begin() + i * r * m, av.begin() + (i + 1) * r * m);
+      const std::vector<float> got(cv.begin() + i * m * m, cv.begin() + (i + 1) * m * m);
+      const auto want = test::naive_gemm(ai, r, m, true, ai, r, m, false, {}, 1.f, 0.f);
+      CHECK(compare("syrk^T " + shape_str(shape), got, want).max_abs <= gemm_tolerance(r) * 8);
     }
   }
 }

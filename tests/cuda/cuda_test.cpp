@@ -27,12 +27,17 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
       ops::gemm(gs, a.to(Device::cuda(0)), false, b.to(Device::cuda(0)), false, c_gpu);
       Tensor s_cpu = Tensor::zeros({3, 130, 130}, DType::f32, Device::cpu());
       Tensor s_gpu = Tensor::zeros({3, 130, 130}, DType::f32, Device::cuda(0));
-      ops::syrk(cs, a, s_cpu);
-      ops::syrk(gs, a.to(Device::cuda(0)), s_gpu);
+      ops::syrk(cs, a, false, s_cpu);
+      ops::syrk(gs, a.to(Device::cuda(0)), false, s_gpu);
+      Tensor t_cpu = Tensor::zeros({3, 257, 257}, DType::f32, Device::cpu());
+      Tensor t_gpu = Tensor::zeros({3, 257, 257}, DType::f32, Device::cuda(0));
+      ops::syrk(cs, a, true, t_cpu);
+      ops::syrk(gs, a.to(Device::cuda(0)), true, t_gpu);
       cs.synchronize();
       gs.synchronize();
       CHECK(compare(std::string("cuda gemm ") + dtype_name(dt), c_gpu.to_float_vector(), c_cpu.to_float_vector()).max_abs < 1e-3);
       CHECK(compare(std::string("cuda syrk ") + dtype_name(dt), s_gpu.to_float_vector(), s_cpu.to_float_vector()).max_abs < 1e-3);
+      CHECK(compare(std::string("cuda syrk^T ") + dtype_name(dt), t_gpu.to_float_vector(), t_cpu.to_float_vector()).max_abs < 1e-3);
     }
     Tensor x = test::random_tensor({4, 33, 65}, DType::bf16, 4);
     Tensor y = test::random_tensor({4, 33, 65}, DType::f32, 5);

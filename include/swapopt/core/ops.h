@@ -19,10 +19,10 @@ namespace swapopt::ops {
 void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out_c,
           float alpha = 1.f, float beta = 0.f);
 
-/** out_c = alpha * a @ a^T + beta * out_c, both triangles written (symmetric rank-k update).
- *  Same layouts as gemm; a [.., m, k], out_c [.., m, m]. With beta != 0 only the lower triangle
- *  of out_c is read, so out_c must hold a symmetric matrix. */
-void syrk(Stream& stream, const Tensor& a, const Tensor& out_c, float alpha = 1.f, float beta = 0.f);
+/** out_c = alpha * op(a) @ op(a)^T + beta * out_c, op(a) = a^T when trans_a; both triangles
+ *  written (symmetric rank-k update). Same layouts as gemm; op(a) [.., m, k], out_c [.., m, m].
+ *  With beta != 0 only the lower triangle of out_c is read, so out_c must hold a symmetric matrix. */
+void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& out_c, float alpha = 1.f, float beta = 0.f);
 
 /** x *= alpha. Elementwise ops take contiguous tensors of one shape; dtypes may differ. */
 void scale(Stream& stream, const Tensor& x, float alpha);

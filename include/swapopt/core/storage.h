@@ -2,19 +2,22 @@
 /** A block of bytes on one device, shared by every tensor view of it, releasable and restorable. */
 
 #include <cstddef>
+#include <optional>
 
 #include "swapopt/core/device.h"
+#include "swapopt/core/stream.h"
 
 namespace swapopt {
 
 class Allocator;
-class Stream;
 
 /** Invariants: nbytes never changes; data() is null exactly while released; a borrowed storage
  *  (from_blob) is never freed by swapopt and can be neither released nor restored. */
 class Storage {
  public:
-  /** Allocates `nbytes` from `allocator` (owned). */
+  /** Allocates `nbytes` from `allocator` (owned). With a `stream`, the allocation and every later
+   *  free without an explicit stream are ordered on it (CUDA stream-ordered memory), so a
+   *  workspace used only on that stream never synchronises other streams. */
   Storage(size_t nbytes, Device device, Allocator& allocator, Stream* stream = nullptr);
   /** Wraps memory the caller owns and keeps alive (borrowed). */
   Storage(void* ptr, size_t nbytes, Device device);
@@ -29,7 +32,8 @@ class Storage {
   bool released() const { return ptr_ == nullptr && nbytes_ > 0; }
   Allocator* allocator() const { return allocator_; }
 
-  /** Frees the bytes and keeps the size (a "shell"); on CUDA the free is ordered on `stream`. */
+  /** Frees the bytes and keeps the size (a "shell"); on CUDA the free is ordered on `stream`
+   *  (default: the stream the storage was allocated on). */
   void release(Stream* stream = nullptr);
   /** Allocates the bytes again at the same size; contents are undefined. */
   void restore(Stream* stream = nullptr);
@@ -39,6 +43,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;  // null for borrowed memory
+  std::optional<Stream> stream_;    // orders frees without an explicit stream
 };
 
 }  // namespace swapopt

@@ -33,8 +33,8 @@ class Tensor {
  public:
   Tensor() = default;  // undefined tensor
 
-  /** Uninitialised contiguous tensor. */
-  static Tensor empty(const Shape& shape, DType dtype, Device device);
+  /** Uninitialised contiguous tensor; `stream` orders its allocation and free (see Storage). */
+  static Tensor empty(const Shape& shape, DType dtype, Device device, Stream* stream = nullptr);
   /** Zero-filled contiguous tensor (synchronous). */
   static Tensor zeros(const Shape& shape, DType dtype, Device device);
   static Tensor empty_like(const Tensor& other);

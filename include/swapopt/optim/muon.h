@@ -1,0 +1,119 @@
+#pragma once
+/** Muon: SGD-momentum, Newton-Schulz orthogonalisation of each matrix's update, decoupled decay. */
+
+#include <array>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "swapopt/optim/newton_schulz.h"
+#include "swapopt/optim/optimizer.h"
+
+namespace swapopt {
+
+/** Defaults are the reference system's. */
+struct MuonOptions {
+  double lr = 2e-2;
+  double weight_decay = 0.1;
+  /** Update RMS matched to AdamW's: scale = sqrt(max(rows, cols)) * matched_adamw_rms. */
+  double matched_adamw_rms = 0.2;
+  /** m1: weight of the old buffer in the update; m2: in the new buffer (the pair form). */
+  double momentum = 0.95;
+  std::optional<double> momentum2;  // unset: m2 = momentum
+  bool nesterov = true;
+  int ns_steps = 5;
+  std::string ns_variant = "asym5";  // legacy | asym5 | polar_express | custom
+  std::vector<NsCoefficients> ns_coefficients;  // custom only
+  double ns_epsilon = 1e-10;
+  /** With matched_adamw_rms == 0: "zero" gives scale 0 (decay only), "use_lr" gives scale 1. */
+  std::string zero_rms_scale_mode = "zero";
+  /** Fold -lr into the update before it is added (rounded in the NS dtype), as the reference can. */
+  bool apply_lr_in_update = false;
+  /** Working dtype of Newton-Schulz: unset = f32 on the CPU, bf16 on CUDA (the reference's). */
+  std::optional<DType> ns_dtype;
+  /** Memory-safe batches: at most max_batch_elements / shard_size elements, and a batch closes
+   *  only once it holds min_batch_size params. */
+  int64_t max_batch_elements = 512LL * 1024 * 1024;
+  int64_t min_batch_size = 1;
+
+  /** Throws "[Muon] <option> ..." for the first bad value. */
+  void validate() const;
+  double m2() const { return momentum2.value_or(momentum); }
+};
+
+/** What post_update_fn learns about the update it follows. */
+struct PostUpdateContext {
+  std::string name;
+  Shape logical_shape;
+  double lr;
+  double weight_decay;
+  int64_t step;
+};
+
+/** Replace parts of the math. Each runs on the host and must enqueue its work on `stream`. */
+struct MuonHooks {
+  /** Returns one NS input per grad (any shape with the grad's numel); replaces the momentum update. */
+  std::function<std::vector<Tensor>(Stream& stream, const std::vector<Tensor>& grads, const std::vector<Tensor>& bufs,
+                                    float m1, float m2, bool nesterov)>
+      momentum_update_fn;
+  /** Orthogonalises x [B, m, n] in place; replaces the built-in Newton-Schulz. */
+  std::function<void(Stream& stream, const Tensor& x, int ns_steps)> zeropower_fn;
+  /** Called for each updated param after its group's updates (owners only, before broadcasts). */
+  std::function<void(Stream& stream, Param& param, const Tensor& local, const PostUpdateContext& context)> post_update_fn;
+};
+
+/** The last two dims of a Muon param, with [A, 1, B] read as (A, B); `count` matrices of rows x cols. */
+struct CoreShape {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t count = 0;
+  bool operator==(const CoreShape&) const = default;
+};
+CoreShape core_shape(const Shape& shape);
+
+class Muon : public Optimizer {
+ public:
+  explicit Muon(Stream stream, MuonHooks hooks = {});
+
+  /** Adds a group; every param must be at least 2-D: "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon". */
+  void add_param_group(std::vector<ParamPtr> params, MuonOptions options = {});
+  const MuonOptions& options(size_t group) const { return options_.at(group); }
+  MuonOptions& mutable_options(size_t group) { return options_.at(group); }
+  const MuonHooks& hooks() const { return hooks_; }
+
+  std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
+  DType state_dtype(const std::string& key, const Param& param) const override;
+  /** For each group: step += 1, then every param with a grad by shape group and memory-safe batch:
+   *  momentum, Newton-Schulz, update; then post_update_fn for the group's updated params. */
+  void step() override;
+
+  // The schedule, in the pieces the swap adapter replays (same functions, same order).
+
+  /** Params grouped by core shape, groups in order of first appearance. */
+  std::vector<std::vector<Param*>> group_by_shape(const std::vector<Param*>& params) const;
+  /** Greedy split of one shape group (see MuonOptions::max_batch_elements). */
+  std::vector<std::vector<Param*>> split_into_memory_safe_batches(size_t group, const std::vector<Param*>& params,
+                                                                   int64_t shard_size = 1) const;
+  /** Updates the momentum of `params` (one core shape, all with grads; buffers created as zeros
+   *  if missing) and returns their stacked NS input [matrices, rows, cols] in the NS dtype. */
+  Tensor update_momentum(size_t group, const std::vector<Param*>& params);
+  /** Newton-Schulz on `ns_input` (from update_momentum) and the parameter updates. */
+  void process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);
+  /** post_update_fn for `params`, if set. */
+  void run_post_update(size_t group, const std::vector<Param*>& params);
+  /** The params of `group` that have a grad, in order. */
+  std::vector<Param*> params_with_grad(size_t group) const;
+  /** Working dtype of Newton-Schulz for `group`. */
+  DType ns_dtype(size_t group) const;
+
+ protected:
+  std::string group_options_json(size_t group) const override;
+  std::function<void()> prepare_group_options(const std::vector<std::string>& options_json) override;
+
+ private:
+  MuonHooks hooks_;
+  std::vector<MuonOptions> options_;
+};
+
+}  // namespace swapopt

@@ -1,0 +1,98 @@
+#include "swapopt/optim/adamw.h"
+
+#include <cmath>
+
+#include "json.h"
+#include "swapopt/core/error.h"
+#include "swapopt/optim/optim_ops.h"
+
+namespace swapopt {
+
+void AdamWOptions::validate() const {
+  SWAPOPT_CHECK(std::isfinite(lr) && lr >= 0, "[AdamW] lr must be finite and >= 0, got " << lr);
+  SWAPOPT_CHECK(std::isfinite(eps) && eps >= 0, "[AdamW] eps must be finite and >= 0, got " << eps);
+  SWAPOPT_CHECK(std::isfinite(beta1) && beta1 >= 0 && beta1 < 1, "[AdamW] beta1 must be in [0, 1), got " << beta1);
+  SWAPOPT_CHECK(std::isfinite(beta2) && beta2 >= 0 && beta2 < 1, "[AdamW] beta2 must be in [0, 1), got " << beta2);
+  SWAPOPT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+                "[AdamW] weight_decay must be finite and >= 0, got " << weight_decay);
+}
+
+AdamW::AdamW(Stream stream) : Optimizer("AdamW", std::move(stream)) {}
+
+void AdamW::add_param_group(std::vector<ParamPtr> params, AdamWOptions options) {
+  options.validate();
+  add_group(std::move(params));
+  options_.push_back(options);
+}
+
+std::vector<std::string> AdamW::group_state_keys(size_t group) const {
+  if (options_.at(group).amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+void AdamW::update_param(size_t group, Param& param) {
+  const AdamWOptions& o = options_.at(group);
+  SWAPOPT_CHECK(param.has_grad(), "[AdamW] param '" << param.name << "' has no grad");
+  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
+                "[AdamW] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
+  Tensor& exp_avg = state_tensor(param, "exp_avg");
+  Tensor& exp_avg_sq = state_tensor(param, "exp_avg_sq");
+  const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(param, "max_exp_avg_sq") : Tensor();
+  ParamState& ps = state_[&param];
+  ps.step += 1;
+  // Host scalars in f64, as torch computes them, rounded once to f32.
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, double(ps.step));
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, double(ps.step));
+  ops::AdamWScalars k;
+  k.decay = float(1.0 - o.lr * o.weight_decay);
+  k.one_minus_beta1 = float(1.0 - o.beta1);
+  k.beta2 = float(o.beta2);
+  k.one_minus_beta2 = float(1.0 - o.beta2);
+  k.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
+  k.eps = float(o.eps);
+  k.neg_step_size = float(-(o.lr / bias_correction1));
+  ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, k);
+}
+
+void AdamW::step() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].step += 1;
+    for (const ParamPtr& p : groups_[g].params)
+      if (p->has_grad()) update_param(g, *p);
+  }
+}
+
+std::string AdamW::group_options_json(size_t group) const {
+  using json::Value;
+  const AdamWOptions& o = options_.at(group);
+  return Value::object({{"lr", Value::number(o.lr)},
+                        {"beta1", Value::number(o.beta1)},
+                        {"beta2", Value::number(o.beta2)},
+                        {"eps", Value::number(o.eps)},
+                        {"weight_decay", Value::number(o.weight_decay)},
+                        {"amsgrad", Value::boolean(o.amsgrad)}})
+      .dump();
+}
+
+std::function<void()> AdamW::prepare_group_options(const std::vector<std::string>& options_json) {
+  std::vector<AdamWOptions> parsed;
+  for (const std::string& text : options_json) {
+    const json::Value v = json::parse(text);
+    for (const auto& [key, value] : v.as_object("AdamW options"))
+      SWAPOPT_CHECK(key == "lr" || key == "beta1" || key == "beta2" || key == "eps" || key == "weight_decay" || key == "amsgrad",
+                    "[AdamW] unknown option '" << key << "'");
+    const std::string w = "AdamW options";
+    AdamWOptions o;
+    o.lr = v.at("lr", w).as_number("lr");
+    o.beta1 = v.at("beta1", w).as_number("beta1");
+    o.beta2 = v.at("beta2", w).as_number("beta2");
+    o.eps = v.at("eps", w).as_number("eps");
+    o.weight_decay = v.at("weight_decay", w).as_number("weight_decay");
+    o.amsgrad = v.at("amsgrad", w).as_bool("amsgrad");
+    o.validate();
+    parsed.push_back(o);
+  }
+  return [this, parsed] { options_ = parsed; };
+}
+
+}  // namespace swapopt

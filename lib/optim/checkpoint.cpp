@@ -1,0 +1,158 @@
+// safetensors: 8-byte little-endian header size, JSON header, then the tensors' bytes.
+#include "swapopt/optim/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "json.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+namespace {
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+  }
+  return "?";
+}
+
+DType dtype_from_safetensors(const std::string& name, const std::string& tensor) {
+  if (name == "F32") return DType::f32;
+  if (name == "BF16") return DType::bf16;
+  if (name == "F16") return DType::f16;
+  SWAPOPT_FAIL("[checkpoint] tensor '" << tensor << "' has unsupported dtype '" << name << "'");
+}
+
+// Bounds that keep a corrupt header from asking for absurd sizes.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+constexpr int64_t kMaxDims = 8;
+
+}  // namespace
+
+std::string serialize_state_dict(const StateDict& state) {
+  using json::Value;
+  std::map<std::string, Value> header;
+  header.emplace("__metadata__", Value::object({{"swapopt", Value::string(state.metadata)}}));
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : state.tensors) {
+    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+    std::vector<Value> shape;
+    for (int64_t d : tensor.shape()) shape.push_back(Value::number(double(d)));
+    header.emplace(name, Value::object({{"dtype", Value::string(safetensors_dtype(tensor.dtype()))},
+                                        {"shape", Value::array(std::move(shape))},
+                                        {"data_offsets", Value::array({Value::number(double(offset)),
+                                                                       Value::number(double(offset + tensor.nbytes()))})}}));
+    offset += tensor.nbytes();
+  }
+  std::string text = Value::object(std::move(header)).dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
+  std::string out(8, '\0');
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  out += text;
+  for (const auto& [name, tensor] : state.tensors)
+    if (tensor.nbytes() > 0) out.append(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+  return out;
+}
+
+StateDict parse_state_dict(const void* data, size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= uint64_t(bytes[i]) << (8 * i);
+  SWAPOPT_CHECK(header_size <= kMaxHeaderBytes && header_size <= size - 8,
+                "[checkpoint] header size " << header_size << " does not fit a file of " << size << " bytes");
+  const json::Value header = json::parse(std::string_view(reinterpret_cast<const char*>(bytes + 8), size_t(header_size)));
+  const uint64_t data_size = size - 8 - header_size;
+  const unsigned char* payload = bytes + 8 + header_size;
+  StateDict out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.as_object("header")) {
+    if (name == "__metadata__") {
+      out.metadata = entry.at("swapopt", "__metadata__").as_string("__metadata__.swapopt");
+      continue;
+    }
+    const std::string what = "tensor '" + name + "'";
+    const DType dtype = dtype_from_safetensors(entry.at("dtype", what).as_string(what + " dtype"), name);
+    const auto& dims = entry.at("shape", what).as_array(what + " shape");
+    SWAPOPT_CHECK(int64_t(dims.size()) <= kMaxDims, "[checkpoint] " << what << " has " << dims.size() << " dims");
+    Shape shape;
+    uint64_t numel = 1;
+    for (const json::Value& d : dims) {
+      const int64_t dim = d.as_int(what + " shape");
+      SWAPOPT_CHECK(dim >= 0 && dim <= int64_t(data_size), "[checkpoint] " << what << " has bad dim " << dim);
+      shape.push_back(dim);
+      numel = dim == 0 ? 0 : (numel > data_size / uint64_t(dim) ? data_size + 1 : numel * uint64_t(dim));
+    }
+    const auto& offsets = entry.at("data_offsets", what).as_array(what + " data_offsets");
+    SWAPOPT_CHECK(offsets.size() == 2, "[checkpoint] " << what << " needs two data_offsets");
+    const int64_t begin = offsets[0].as_int(what + " data_offsets"), end = offsets[1].as_int(what + " data_offsets");
+    SWAPOPT_CHECK(begin >= 0 && end >= begin && uint64_t(end) <= data_size,
+                  "[checkpoint] " << what << " data_offsets [" << begin << ", " << end << ") outside " << data_size
+                                  << " data bytes");
+    SWAPOPT_CHECK(numel <= data_size && uint64_t(end - begin) == numel * dtype_size(dtype),
+                  "[checkpoint] " << what << " covers " << (end - begin) << " bytes, its shape " << shape_str(shape)
+                                  << " needs " << numel * dtype_size(dtype));
+    ranges.emplace_back(uint64_t(begin), uint64_t(end));
+    Tensor t = Tensor::empty(shape, dtype, Device::cpu());
+    if (t.nbytes() > 0) std::memcpy(t.data_ptr(), payload + begin, t.nbytes());
+    out.tensors.emplace(name, t);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    SWAPOPT_CHECK(begin == covered, "[checkpoint] tensor data overlaps or leaves a gap at byte " << covered);
+    covered = end;
+  }
+  SWAPOPT_CHECK(covered == data_size, "[checkpoint] " << data_size - covered << " trailing data bytes");
+  SWAPOPT_CHECK(!out.metadata.empty(), "[checkpoint] no swapopt metadata in the header");
+  return out;
+}
+
+void save_state_dict(const StateDict& state, const std::string& path) {
+  const std::string bytes = serialize_state_dict(state);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  SWAPOPT_CHECK(fd >= 0, "[checkpoint] cannot create '" << tmp << "': " << std::strerror(errno));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      SWAPOPT_FAIL("[checkpoint] writing '" << tmp << "' failed: " << std::strerror(err));
+    }
+    written += size_t(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    SWAPOPT_FAIL("[checkpoint] cannot commit '" << path << "': " << std::strerror(err));
+  }
+}
+
+StateDict load_state_dict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  SWAPOPT_CHECK(in.good(), "[checkpoint] cannot open '" << path << "'");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  return parse_state_dict(bytes.data(), bytes.size());
+}
+
+}  // namespace swapopt

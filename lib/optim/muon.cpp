@@ -1,0 +1,270 @@
+#include "swapopt/optim/muon.h"
+
+#include <cmath>
+
+#include "json.h"
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+#include "swapopt/optim/optim_ops.h"
+
+namespace swapopt {
+
+namespace {
+
+void check_unit_interval(double v, const char* name) {
+  SWAPOPT_CHECK(std::isfinite(v) && v >= 0.0 && v < 1.0, "[Muon] " << name << " must be in [0, 1), got " << v);
+}
+
+void check_non_negative(double v, const char* name) {
+  SWAPOPT_CHECK(std::isfinite(v) && v >= 0.0, "[Muon] " << name << " must be finite and >= 0, got " << v);
+}
+
+}  // namespace
+
+void MuonOptions::validate() const {
+  check_non_negative(lr, "lr");
+  check_non_negative(weight_decay, "weight_decay");
+  check_non_negative(matched_adamw_rms, "matched_adamw_rms");
+  check_unit_interval(momentum, "momentum");
+  if (momentum2) check_unit_interval(*momentum2, "momentum2");
+  check_non_negative(ns_epsilon, "ns_epsilon");
+  ns_schedule(ns_variant, ns_steps, ns_coefficients);
+  SWAPOPT_CHECK(zero_rms_scale_mode == "zero" || zero_rms_scale_mode == "use_lr",
+                "[Muon] zero_rms_scale_mode must be 'zero' or 'use_lr', got '" << zero_rms_scale_mode << "'");
+  SWAPOPT_CHECK(!ns_dtype || *ns_dtype != DType::f16, "[Muon] ns_dtype must be f32 or bf16, got f16");
+  SWAPOPT_CHECK(max_batch_elements >= 1, "[Muon] max_batch_elements must be >= 1, got " << max_batch_elements);
+  SWAPOPT_CHECK(min_batch_size >= 1, "[Muon] min_batch_size must be >= 1, got " << min_batch_size);
+}
+
+CoreShape core_shape(const Shape& shape) {
+  SWAPOPT_CHECK(shape.size() >= 2, "[Muon] core shape needs at least 2 dims, got " << shape_str(shape));
+  if (shape.size() == 3 && shape[1] == 1) return {shape[0], shape[2], 1};
+  const int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  const int64_t per = rows * cols;
+  return {rows, cols, per == 0 ? 0 : shape_numel(shape) / per};
+}
+
+Muon::Muon(Stream stream, MuonHooks hooks) : Optimizer("Muon", std::move(stream)), hooks_(std::move(hooks)) {}
+
+void Muon::add_param_group(std::vector<ParamPtr> params, MuonOptions options) {
+  options.validate();
+  for (const ParamPtr& p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[Muon] null parameter");
+    SWAPOPT_CHECK(p->data.dim() >= 2, "[Muon] " << p->data.dim() << "-D parameter '" << p->name << "' (shape "
+                                                << shape_str(p->data.shape()) << ") cannot use Muon");
+  }
+  add_group(std::move(params));
+  options_.push_back(std::move(options));
+}
+
+DType Muon::state_dtype(const std::string&, const Param& param) const { return param.data.dtype(); }
+
+DType Muon::ns_dtype(size_t group) const {
+  return options_.at(group).ns_dtype.value_or(device().is_cuda() ? DType::bf16 : DType::f32);
+}
+
+std::vector<Param*> Muon::params_with_grad(size_t group) const {
+  std::vector<Param*> out;
+  for (const ParamPtr& p : groups_.at(group).params)
+    if (p->has_grad()) out.push_back(p.get());
+  return out;
+}
+
+std::vector<std::vector<Param*>> Muon::group_by_shape(const std::vector<Param*>& params) const {
+  std::vector<std::vector<Param*>> groups;
+  std::vector<CoreShape> shapes;
+  for (Param* p : params) {
+    const CoreShape cs = core_shape(p->data.shape());
+    size_t i = 0;
+    while (i < shapes.size() && !(shapes[i].rows == cs.rows && shapes[i].cols == cs.cols)) ++i;
+    if (i == shapes.size()) {
+      shapes.push_back(cs);
+      groups.emplace_back();
+    }
+    groups[i].push_back(p);
+  }
+  return groups;
+}
+
+std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t group, const std::vector<Param*>& params,
+                                                                        int64_t shard_size) const {
+  const MuonOptions& o = options_.at(group);
+  SWAPOPT_CHECK(shard_size >= 1, "[Muon] shard_size must be >= 1, got " << shard_size);
+  const int64_t cap = std::max<int64_t>(1, o.max_batch_elements / shard_size);
+  std::vector<std::vector<Param*>> batches;
+  std::vector<Param*> current;
+  int64_t elements = 0;
+  for (Param* p : params) {
+    const int64_t n = shape_numel(p->logical_shape());
+    if (!current.empty() && int64_t(current.size()) >= o.min_batch_size && elements + n > cap) {
+      batches.push_back(std::move(current));
+      current.clear();
+      elements = 0;
+    }
+    current.push_back(p);
+    elements += n;
+  }
+  if (!current.empty()) batches.push_back(std::move(current));
+  return batches;
+}
+
+Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
+  SWAPOPT_CHECK(!params.empty(), "[Muon] update_momentum needs at least one param");
+  const MuonOptions& o = options_.at(group);
+  const CoreShape first = core_shape(params.front()->data.shape());
+  int64_t total = 0;
+  for (const Param* p : params) {
+    SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
+    SWAPOPT_CHECK(p->grad.shape() == p->data.shape() && p->grad.dtype() == p->data.dtype(),
+                  "[Muon] grad of '" << p->name << "' is " << p->grad.str() << ", the param " << p->data.str());
+    const CoreShape cs = core_shape(p->data.shape());
+    SWAPOPT_CHECK(cs.rows == first.rows && cs.cols == first.cols,
+                  "[Muon] one NS batch needs one core shape: '" << p->name << "' is " << cs.rows << "x" << cs.cols << ", not "
+                                                                << first.rows << "x" << first.cols);
+    total += cs.count;
+  }
+  Tensor stacked = Tensor::empty({total, first.rows, first.cols}, ns_dtype(group), device(), &stream_);
+  const float m1 = float(o.momentum), m2 = float(o.m2());
+  std::vector<Tensor> slices;
+  int64_t offset = 0;
+  for (const Param* p : params) {
+    const int64_t count = core_shape(p->data.shape()).count;
+    slices.push_back(stacked.narrow(0, offset, count).view(p->data.shape()));
+    offset += count;
+  }
+  if (hooks_.momentum_update_fn) {
+    std::vector<Tensor> grads, bufs;
+    for (const Param* p : params) {
+      grads.push_back(p->grad);
+      bufs.push_back(state_tensor(*p, "momentum_buffer"));
+    }
+    const std::vector<Tensor> updates = hooks_.momentum_update_fn(stream_, grads, bufs, m1, m2, o.nesterov);
+    SWAPOPT_CHECK(updates.size() == grads.size(),
+                  "[Muon] momentum_update_fn returned " << updates.size() << " updates for " << grads.size() << " grads");
+    for (size_t i = 0; i < updates.size(); ++i) {
+      SWAPOPT_CHECK(updates[i].numel() == slices[i].numel() && updates[i].is_contiguous(),
+                    "[Muon] momentum_update_fn update " << i << " is " << updates[i].str() << ", expected "
+                                                       << shape_str(slices[i].shape()) << " elements, contiguous");
+      ops::cast(stream_, updates[i].view(slices[i].shape()), slices[i]);
+    }
+    return stacked;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), slices[i], m1, m2, o.nesterov);
+  }
+  return stacked;
+}
+
+void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
+  const MuonOptions& o = options_.at(group);
+  if (hooks_.zeropower_fn) {
+    hooks_.zeropower_fn(stream_, ns_input, o.ns_steps);
+  } else {
+    newton_schulz(stream_, ns_input, ns_schedule(o.ns_variant, o.ns_steps, o.ns_coefficients), float(o.ns_epsilon),
+                  ns_norm_scale(o.ns_variant));
+  }
+  const float decay = float(1.0 - o.lr * o.weight_decay);
+  int64_t offset = 0;
+  for (Param* p : params) {
+    const CoreShape cs = core_shape(p->data.shape());
+    const Tensor update = ns_input.narrow(0, offset, cs.count).view(p->data.shape());
+    offset += cs.count;
+    double scale = std::sqrt(double(std::max(cs.rows, cs.cols))) * o.matched_adamw_rms;
+    if (o.matched_adamw_rms == 0.0) scale = o.zero_rms_scale_mode == "use_lr" ? 1.0 : 0.0;
+    const float alpha = float(-o.lr * scale);
+    if (o.apply_lr_in_update) {
+      ops::scale(stream_, update, alpha);
+      ops::axpby(stream_, 1.f, update, decay, p->data);
+    } else {
+      ops::axpby(stream_, alpha, update, decay, p->data);
+    }
+  }
+}
+
+void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
+  if (!hooks_.post_update_fn) return;
+  const MuonOptions& o = options_.at(group);
+  for (Param* p : params)
+    hooks_.post_update_fn(stream_, *p, p->data, {p->name, p->logical_shape(), o.lr, o.weight_decay, groups_[group].step});
+}
+
+void Muon::step() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].step += 1;
+    const std::vector<Param*> params = params_with_grad(g);
+    for (const std::vector<Param*>& shape_group : group_by_shape(params))
+      for (const std::vector<Param*>& batch : split_into_memory_safe_batches(g, shape_group))
+        process_unsharded_batch(g, batch, update_momentum(g, batch));
+    run_post_update(g, params);
+  }
+}
+
+std::string Muon::group_options_json(size_t group) const {
+  using json::Value;
+  const MuonOptions& o = options_.at(group);
+  std::vector<Value> coefficients;
+  for (const NsCoefficients& c : o.ns_coefficients)
+    coefficients.push_back(Value::array({Value::number(c[0]), Value::number(c[1]), Value::number(c[2])}));
+  return Value::object({{"lr", Value::number(o.lr)},
+                        {"weight_decay", Value::number(o.weight_decay)},
+                        {"matched_adamw_rms", Value::number(o.matched_adamw_rms)},
+                        {"momentum", Value::number(o.momentum)},
+                        {"momentum2", o.momentum2 ? Value::number(*o.momentum2) : Value()},
+                        {"nesterov", Value::boolean(o.nesterov)},
+                        {"ns_steps", Value::number(o.ns_steps)},
+                        {"ns_variant", Value::string(o.ns_variant)},
+                        {"ns_coefficients", Value::array(std::move(coefficients))},
+                        {"ns_epsilon", Value::number(o.ns_epsilon)},
+                        {"zero_rms_scale_mode", Value::string(o.zero_rms_scale_mode)},
+                        {"apply_lr_in_update", Value::boolean(o.apply_lr_in_update)},
+                        {"ns_dtype", o.ns_dtype ? Value::string(dtype_name(*o.ns_dtype)) : Value()},
+                        {"max_batch_elements", Value::number(double(o.max_batch_elements))},
+                        {"min_batch_size", Value::number(double(o.min_batch_size))}})
+      .dump();
+}
+
+std::function<void()> Muon::prepare_group_options(const std::vector<std::string>& options_json) {
+  std::vector<MuonOptions> parsed;
+  for (const std::string& text : options_json) {
+    const json::Value v = json::parse(text);
+    static const char* known[] = {"lr", "weight_decay", "matched_adamw_rms", "momentum", "momentum2", "nesterov", "ns_steps",
+                                  "ns_variant", "ns_coefficients", "ns_epsilon", "zero_rms_scale_mode",
+                                  "apply_lr_in_update", "ns_dtype", "max_batch_elements", "min_batch_size"};
+    for (const auto& [key, value] : v.as_object("Muon options")) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || key == k;
+      SWAPOPT_CHECK(ok, "[Muon] unknown option '" << key << "'");
+    }
+    MuonOptions o;
+    const std::string w = "Muon options";
+    o.lr = v.at("lr", w).as_number("lr");
+    o.weight_decay = v.at("weight_decay", w).as_number("weight_decay");
+    o.matched_adamw_rms = v.at("matched_adamw_rms", w).as_number("matched_adamw_rms");
+    o.momentum = v.at("momentum", w).as_number("momentum");
+    if (v.at("momentum2", w).kind() != json::Value::Kind::null) o.momentum2 = v.at("momentum2", w).as_number("momentum2");
+    o.nesterov = v.at("nesterov", w).as_bool("nesterov");
+    const int64_t steps = v.at("ns_steps", w).as_int("ns_steps");
+    SWAPOPT_CHECK(steps >= 1 && steps <= 1000, "[Muon] ns_steps must be >= 1, got " << steps);
+    o.ns_steps = int(steps);
+    o.ns_variant = v.at("ns_variant", w).as_string("ns_variant");
+    for (const json::Value& triple : v.at("ns_coefficients", w).as_array("ns_coefficients")) {
+      const auto& abc = triple.as_array("ns_coefficients triple");
+      SWAPOPT_CHECK(abc.size() == 3, "[Muon] each ns_coefficients triple needs exactly 3 values, got " << abc.size());
+      o.ns_coefficients.push_back({float(abc[0].as_number("coefficient")), float(abc[1].as_number("coefficient")),
+                                   float(abc[2].as_number("coefficient"))});
+    }
+    o.ns_epsilon = v.at("ns_epsilon", w).as_number("ns_epsilon");
+    o.zero_rms_scale_mode = v.at("zero_rms_scale_mode", w).as_string("zero_rms_scale_mode");
+    o.apply_lr_in_update = v.at("apply_lr_in_update", w).as_bool("apply_lr_in_update");
+    if (v.at("ns_dtype", w).kind() != json::Value::Kind::null)
+      o.ns_dtype = dtype_from_name(v.at("ns_dtype", w).as_string("ns_dtype"));
+    o.max_batch_elements = v.at("max_batch_elements", w).as_int("max_batch_elements");
+    o.min_batch_size = v.at("min_batch_size", w).as_int("min_batch_size");
+    o.validate();
+    parsed.push_back(std::move(o));
+  }
+  return [this, parsed] { options_ = parsed; };
+}
+
+}  // namespace swapopt

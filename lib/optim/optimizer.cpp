@@ -1,0 +1,171 @@
+#include "swapopt/optim/optimizer.h"
+
+#include <algorithm>
+#include <set>
+
+#include "json.h"
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+
+namespace swapopt {
+
+Optimizer::Optimizer(std::string name, Stream stream) : name_(std::move(name)), stream_(std::move(stream)) {}
+
+void Optimizer::add_group(std::vector<ParamPtr> params) {
+  std::set<const Param*> seen;
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) seen.insert(p.get());
+  for (const ParamPtr& p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] null parameter");
+    SWAPOPT_CHECK(seen.insert(p.get()).second, "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
+    SWAPOPT_CHECK(p->data.defined() && p->data.is_contiguous(),
+                  "[" << name_ << "] parameter '" << p->name << "' must be a defined contiguous tensor");
+    SWAPOPT_CHECK(p->data.device() == device(), "[" << name_ << "] parameter '" << p->name << "' is on "
+                                                    << p->data.device().str() << ", the optimizer on " << device().str());
+  }
+  groups_.push_back({std::move(params), 0});
+}
+
+int64_t Optimizer::param_index(const Param* param) const {
+  int64_t index = 0;
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) {
+      if (p.get() == param) return index;
+      ++index;
+    }
+  SWAPOPT_FAIL("[" << name_ << "] parameter is not in this optimizer");
+}
+
+Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
+  ParamState& ps = state_[&param];
+  auto it = ps.tensors.find(key);
+  if (it == ps.tensors.end()) {
+    Tensor zeros = Tensor::empty(param.data.shape(), state_dtype(key, param), device());
+    ops::fill_zero(stream_, zeros);
+    it = ps.tensors.emplace(key, zeros).first;
+  }
+  return it->second;
+}
+
+std::string Optimizer::metadata_json() const {
+  using json::Value;
+  std::vector<Value> groups;
+  std::vector<Value> param_steps;
+  int64_t index = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<Value> indices;
+    for (const ParamPtr& p : groups_[g].params) {
+      indices.push_back(Value::number(double(index++)));
+      const auto it = state_.find(p.get());
+      param_steps.push_back(Value::number(double(it == state_.end() ? 0 : it->second.step)));
+    }
+    groups.push_back(Value::object({{"options", json::parse(group_options_json(g))},
+                                    {"step", Value::number(double(groups_[g].step))},
+                                    {"params", Value::array(std::move(indices))}}));
+  }
+  return Value::object({{"optimizer", Value::string(name_)},
+                        {"groups", Value::array(std::move(groups))},
+                        {"param_steps", Value::array(std::move(param_steps))}})
+      .dump();
+}
+
+StateDict Optimizer::state_dict() {
+  stream_.synchronize();
+  StateDict out;
+  out.metadata = metadata_json();
+  for (const auto& [param, ps] : state_)
+    for (const auto& [key, tensor] : ps.tensors)
+      out.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, tensor.to(Device::cpu()));
+  return out;
+}
+
+std::function<void()> Optimizer::prepare_load(
+    const StateDict& state, std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor) {
+  const json::Value meta = json::parse(state.metadata);
+  const std::string& optimizer = meta.at("optimizer", "metadata").as_string("optimizer");
+  SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
+  const auto& groups = meta.at("groups", "metadata").as_array("groups");
+  SWAPOPT_CHECK(groups.size() == groups_.size(),
+                "[checkpoint] has " << groups.size() << " param groups, the optimizer " << groups_.size());
+  std::vector<const Param*> by_index;
+  std::vector<std::string> options_json;
+  std::vector<int64_t> group_steps;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string what = "groups[" + std::to_string(g) + "]";
+    const auto& indices = groups[g].at("params", what).as_array(what + ".params");
+    SWAPOPT_CHECK(indices.size() == groups_[g].params.size(), "[checkpoint] group " << g << " has " << indices.size()
+                                                                                    << " params, the optimizer's "
+                                                                                    << groups_[g].params.size());
+    for (size_t i = 0; i < indices.size(); ++i)
+      SWAPOPT_CHECK(indices[i].as_int(what + ".params") == int64_t(by_index.size() + i),
+                    "[checkpoint] group " << g << " lists params out of order");
+    for (const ParamPtr& p : groups_[g].params) by_index.push_back(p.get());
+    const int64_t step = groups[g].at("step", what).as_int(what + ".step");
+    SWAPOPT_CHECK(step >= 0, "[checkpoint] group " << g << " has negative step " << step);
+    group_steps.push_back(step);
+    options_json.push_back(groups[g].at("options", what).dump());
+  }
+  const auto& steps = meta.at("param_steps", "metadata").as_array("param_steps");
+  SWAPOPT_CHECK(steps.size() == by_index.size(),
+                "[checkpoint] has " << steps.size() << " param steps for " << by_index.size() << " params");
+  std::vector<int64_t> param_steps;
+  for (const json::Value& s : steps) {
+    param_steps.push_back(s.as_int("param_steps"));
+    SWAPOPT_CHECK(param_steps.back() >= 0, "[checkpoint] negative param step " << param_steps.back());
+  }
+  const std::vector<std::string> keys = state_keys();
+  struct Entry {
+    const Param* param;
+    std::string key;
+    Tensor tensor;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, tensor] : state.tensors) {
+    // "state.<index>.<key>"
+    const size_t dot = name.find('.', 6);
+    SWAPOPT_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6,
+                  "[checkpoint] unexpected tensor name '" << name << "'");
+    const std::string index_text = name.substr(6, dot - 6), key = name.substr(dot + 1);
+    SWAPOPT_CHECK(index_text.size() <= 9 && std::all_of(index_text.begin(), index_text.end(), ::isdigit),
+                  "[checkpoint] unexpected tensor name '" << name << "'");
+    const size_t index = size_t(std::stoll(index_text));
+    SWAPOPT_CHECK(index < by_index.size(), "[checkpoint] tensor '" << name << "' names param " << index << " of "
+                                                                   << by_index.size());
+    SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),
+                  "[checkpoint] tensor '" << name << "': '" << key << "' is not " << name_ << " state");
+    const Param& param = *by_index[index];
+    SWAPOPT_CHECK(tensor.shape() == param.data.shape(), "[checkpoint] tensor '" << name << "' has shape "
+                                                                                << shape_str(tensor.shape()) << ", param '"
+                                                                                << param.name << "' needs "
+                                                                                << shape_str(param.data.shape()));
+    SWAPOPT_CHECK(tensor.dtype() == state_dtype(key, param), "[checkpoint] tensor '" << name << "' is "
+                                                                                     << dtype_name(tensor.dtype()) << ", "
+                                                                                     << name_ << " keeps "
+                                                                                     << dtype_name(state_dtype(key, param)));
+    entries.push_back({&param, key, tensor});
+  }
+  std::function<void()> apply_options = prepare_group_options(options_json);
+  return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {
+    apply_options();
+    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];
+    state_.clear();
+    for (const Entry& e : entries) write_tensor(*e.param, e.key, e.tensor);
+    for (size_t i = 0; i < by_index.size(); ++i) {
+      auto it = state_.find(by_index[i]);
+      if (it != state_.end()) it->second.step = param_steps[i];
+    }
+  };
+}
+
+void Optimizer::load_state_dict(const StateDict& state) {
+  std::function<void()> apply = prepare_load(state, [this](const Param& param, const std::string& key, const Tensor& host) {
+    Tensor device_copy = Tensor::empty(host.shape(), host.dtype(), device());
+    ops::copy(stream_, host, device_copy);
+    state_[&param].tensors[key] = device_copy;
+  });
+  stream_.synchronize();  // no update may still be reading the state being replaced
+  apply();
+  stream_.synchronize();
+}
+
+}  // namespace swapopt

@@ -1,0 +1,127 @@
+#include <cstdio>
+#include <fstream>
+
+#include "test_util.h"
+#include "swapopt/optim/routing.h"
+
+using namespace swapopt;
+
+namespace {
+
+std::vector<ParamPtr> make_model(uint32_t seed) {
+  return {make_param("blocks.0.attn.w", test::random_tensor({12, 20}, DType::f32, seed)),
+          make_param("blocks.0.mlp.w", test::random_tensor({3, 8, 6}, DType::f32, seed + 1)),
+          make_param("embed.weight", test::random_tensor({10, 4}, DType::f32, seed + 2)),
+          make_param("blocks.0.norm.weight", test::random_tensor({20}, DType::f32, seed + 3)),
+          make_param("blocks.0.mlp.bias", test::random_tensor({6}, DType::f32, seed + 4))};
+}
+
+void set_grads(const std::vector<ParamPtr>& params, int step) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    // The attention matrix skips step 2: state and steps must survive gaps too.
+    params[i]->grad = (i == 0 && step == 2) ? Tensor() : test::random_tensor(params[i]->data.shape(), DType::f32, 1000 + 17 * step + uint32_t(i));
+  }
+}
+
+std::string temp_path(const char* name) { return std::string("/tmp/swapopt_test_") + name + ".safetensors"; }
+
+}  // namespace
+
+TEST_CASE("routing sends matrices to Muon and the rest to AdamW (no decay for biases and 1-D)") {
+  auto params = make_model(1);
+  RoutedParams r = route_params(params);
+  REQUIRE(r.muon.size() == 2);
+  CHECK(r.muon[0]->name == "blocks.0.attn.w");
+  REQUIRE(r.adamw_decay.size() == 1);
+  CHECK(r.adamw_decay[0]->name == "embed.weight");
+  CHECK(r.adamw_no_decay.size() == 2);
+  MuonWithAdamW opt(Stream(Device::cpu()), params);
+  CHECK(opt.adamw().param_groups().size() == 2);
+  CHECK(opt.adamw().options(1).weight_decay == 0.0);
+}
+
+TEST_CASE("save, load into a fresh optimizer, continue: bitwise equal to an uninterrupted run") {
+  // Uninterrupted: 5 steps.
+  auto straight = make_model(7);
+  MuonWithAdamW a(Stream(Device::cpu()), straight);
+  for (int step = 1; step <= 5; ++step) {
+    set_grads(straight, step);
+    a.step();
+  }
+  a.muon().stream().synchronize();
+  // Interrupted after 3 steps: save both optimizers, rebuild from the saved params, load, continue.
+  auto first = make_model(7);
+  MuonWithAdamW b(Stream(Device::cpu()), first);
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(first, step);
+    b.step();
+  }
+  save_state_dict(b.muon().state_dict(), temp_path("muon"));
+  save_state_dict(b.adamw().state_dict(), temp_path("adamw"));
+  auto resumed = make_model(99);  // different initial values: overwritten from the first run below
+  for (size_t i = 0; i < resumed.size(); ++i) resumed[i]->data = first[i]->data.clone();
+  MuonWithAdamW c(Stream(Device::cpu()), resumed);
+  c.muon().load_state_dict(load_state_dict(temp_path("muon")));
+  c.adamw().load_state_dict(load_state_dict(temp_path("adamw")));
+  CHECK(c.muon().param_groups()[0].step == 3);
+  for (int step = 4; step <= 5; ++step) {
+    set_grads(resumed, step);
+    c.step();
+  }
+  c.muon().stream().synchronize();
+  for (size_t i = 0; i < straight.size(); ++i) CHECK(test::same_bits(straight[i]->data, resumed[i]->data));
+  CHECK(c.adamw().state().at(resumed[3].get()).step == 5);
+  std::remove(temp_path("muon").c_str());
+  std::remove(temp_path("adamw").c_str());
+}
+
+TEST_CASE("a checkpoint that does not match fails by name and changes nothing") {
+  auto params = make_model(3);
+  MuonWithAdamW opt(Stream(Device::cpu()), params);
+  set_grads(params, 1);
+  opt.step();
+  Muon& muon = opt.muon();
+  const StateDict good = muon.state_dict();
+  const std::string before = serialize_state_dict(good);
+
+  auto expect_rejected = [&](StateDict bad, const std::string& message) {
+    CHECK_THROWS_WITH_AS(muon.load_state_dict(bad), message.c_str(), Error);
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+  };
+  StateDict wrong_shape = good;
+  wrong_shape.tensors["state.0.momentum_buffer"] = Tensor::zeros({20, 12}, DType::f32, Device::cpu());
+  expect_rejected(wrong_shape, "[checkpoint] tensor 'state.0.momentum_buffer' has shape [20, 12], param 'blocks.0.attn.w' needs [12, 20]");
+  StateDict wrong_dtype = good;
+  wrong_dtype.tensors["state.0.momentum_buffer"] = Tensor::zeros({12, 20}, DType::bf16, Device::cpu());
+  expect_rejected(wrong_dtype, "[checkpoint] tensor 'state.0.momentum_buffer' is bf16, Muon keeps f32");
+  StateDict foreign_key = good;
+  foreign_key.tensors["state.0.exp_avg"] = Tensor::zeros({12, 20}, DType::f32, Device::cpu());
+  expect_rejected(foreign_key, "[checkpoint] tensor 'state.0.exp_avg': 'exp_avg' is not Muon state");
+  StateDict bad_index = good;
+  bad_index.tensors["state.9.momentum_buffer"] = Tensor::zeros({12, 20}, DType::f32, Device::cpu());
+  expect_rejected(bad_index, "[checkpoint] tensor 'state.9.momentum_buffer' names param 9 of 2");
+  StateDict missing_option = good;
+  const size_t at = missing_option.metadata.find("\"lr\":");
+  missing_option.metadata.replace(at, 4, "\"xx\"");
+  expect_rejected(missing_option, "[Muon] unknown option 'xx'");
+  StateDict other = opt.adamw().state_dict();
+  expect_rejected(other, "[checkpoint] holds AdamW state, this optimizer is Muon");
+  StateDict bad_option = good;
+  const size_t m = bad_option.metadata.find("\"momentum\":0.94999999999999996");
+  REQUIRE(m != std::string::npos);
+  bad_option.metadata.replace(m, 30, "\"momentum\":1.5");
+  expect_rejected(bad_option, "[Muon] momentum must be in [0, 1), got 1.5");
+
+  std::string bytes = serialize_state_dict(good);
+  CHECK_THROWS_WITH_AS(parse_state_dict(bytes.data(), 5), "[checkpoint] file of 5 bytes is too short for a safetensors header",
+                       Error);
+  std::string truncated = bytes.substr(0, bytes.size() - 4);
+  CHECK_THROWS_WITH_AS(parse_state_dict(truncated.data(), truncated.size()),
+                       "[checkpoint] tensor 'state.1.momentum_buffer' data_offsets [960, 1536) outside 1532 data bytes", Error);
+  std::string corrupt = bytes;
+  corrupt[8] = 'x';  // first byte of the JSON header
+  CHECK_THROWS_WITH_AS(parse_state_dict(corrupt.data(), corrupt.size()), "[checkpoint] bad JSON at byte 0: unexpected character",
+                       Error);
+  CHECK_THROWS_WITH_AS(load_state_dict("/nonexistent/x.safetensors"), "[checkpoint] cannot open '/nonexistent/x.safetensors'",
+                       Error);
+}

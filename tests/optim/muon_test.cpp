@@ -1,0 +1,229 @@
+#include "golden.h"
+#include "swapopt/optim/muon.h"
+
+using namespace swapopt;
+using test::compare;
+
+namespace {
+
+struct GoldenParam {
+  std::string key;  // "g0.wide"
+  ParamPtr param;
+};
+
+}  // namespace
+
+TEST_CASE("Muon matches the numpy reference over 3 steps (f32 Newton-Schulz)") {
+  auto golden = test::read_golden("muon.txt");
+  Muon muon(Stream(Device::cpu()));
+  std::vector<GoldenParam> params;
+  const std::vector<std::vector<std::string>> names = {{"wide", "tall", "square", "experts", "single", "squeezed"}, {"legacy"}};
+  for (size_t g = 0; g < names.size(); ++g) {
+    std::vector<ParamPtr> group;
+    for (const std::string& n : names[g]) {
+      const std::string key = "g" + std::to_string(g) + "." + n;
+      params.push_back({key, make_param(n, golden.at(key + ".init").clone())});
+      group.push_back(params.back().param);
+    }
+    MuonOptions o;
+    if (g == 1) {
+      o.lr = 5e-2;
+      o.weight_decay = 0.0;
+      o.momentum = 0.9;
+      o.momentum2 = 0.8;
+      o.nesterov = false;
+      o.ns_variant = "legacy";
+      o.ns_epsilon = 1e-7;
+    }
+    muon.add_param_group(group, o);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (GoldenParam& gp : params) {
+      const auto it = golden.find(gp.key + ".grad" + std::to_string(step));
+      gp.param->grad = it == golden.end() ? Tensor() : it->second;
+    }
+    muon.step();
+    muon.stream().synchronize();
+    for (GoldenParam& gp : params) {
+      const auto it = golden.find(gp.key + ".param" + std::to_string(step));
+      if (it == golden.end()) continue;
+      const auto r = compare(gp.key + " step " + std::to_string(step), gp.param->data.to_float_vector(), it->second.to_float_vector());
+      CHECK(r.max_abs < 2e-5);
+    }
+  }
+  for (GoldenParam& gp : params) {
+    const Tensor& buf = muon.state().at(gp.param.get()).tensors.at("momentum_buffer");
+    CHECK(compare(gp.key + " momentum", buf.to_float_vector(), golden.at(gp.key + ".momentum_buffer").to_float_vector()).max_abs <
+          1e-5);
+  }
+  CHECK(muon.param_groups()[0].step == 3);
+}
+
+TEST_CASE("batched Newton-Schulz equals per-matrix Newton-Schulz bitwise on the CPU") {
+  Stream s(Device::cpu());
+  const auto schedule = ns_schedule("asym5", 5, {});
+  for (const Shape& shape : {Shape{4, 24, 40}, Shape{3, 50, 20}}) {
+    Tensor batch = test::random_tensor(shape, DType::f32, 21);
+    std::vector<Tensor> singles;
+    for (int64_t i = 0; i < shape[0]; ++i) singles.push_back(batch.narrow(0, i, 1).clone());
+    newton_schulz(s, batch, schedule, 1e-7f);
+    for (Tensor& single : singles) newton_schulz(s, single, schedule, 1e-7f);
+    s.synchronize();
+    for (int64_t i = 0; i < shape[0]; ++i) CHECK(test::same_bits(batch.narrow(0, i, 1).clone(), singles[size_t(i)]));
+  }
+}
+
+TEST_CASE("Newton-Schulz orthogonalises: singular values land near 1 for every variant") {
+  Stream s(Device::cpu());
+  // Each variant pushes singular values into its own band around 1 (legacy's is widest, ~[0.7, 1.1]).
+  const std::vector<std::pair<std::string, double>> variants = {{"asym5", 0.05}, {"legacy", 0.5}, {"polar_express", 0.2}};
+  for (const auto& [variant, band] : variants) {
+    for (const Shape& shape : {Shape{1, 32, 64}, Shape{1, 64, 32}}) {
+      Tensor x = test::random_tensor(shape, DType::f32, 22);
+      newton_schulz(s, x, ns_schedule(variant, 5, {}), 1e-7f, ns_norm_scale(variant));
+      // X X^T (wide) or X^T X (tall) should be close to the identity.
+      const int64_t k = std::min(shape[1], shape[2]);
+      Tensor gram = Tensor::zeros({1, k, k}, DType::f32, Device::cpu());
+      ops::syrk(s, x, shape[1] > shape[2], gram);
+      s.synchronize();
+      const auto g = gram.to_float_vector();
+      double worst = 0;
+      for (int64_t i = 0; i < k; ++i) worst = std::max(worst, std::fabs(double(g[size_t(i * k + i)]) - 1.0));
+      MESSAGE(variant << " " << shape_str(shape) << ": max |diag(X X^T) - 1| = " << worst);
+      CHECK(worst < band);
+    }
+  }
+}
+
+TEST_CASE("Muon on bf16: NS in bf16 stays close to the f32 result") {
+  Stream s(Device::cpu());
+  Tensor x = test::random_tensor({2, 16, 48}, DType::f32, 23);
+  Tensor x16 = Tensor::zeros({2, 16, 48}, DType::bf16, Device::cpu());
+  ops::cast(s, x, x16);
+  newton_schulz(s, x, ns_schedule("asym5", 5, {}), 1e-7f);
+  newton_schulz(s, x16, ns_schedule("asym5", 5, {}), 1e-7f);
+  s.synchronize();
+  CHECK(compare("NS bf16 vs f32", x16.to_float_vector(), x.to_float_vector()).max_abs < 0.05);
+}
+
+TEST_CASE("params without a grad are skipped and get no state; hooks see their context") {
+  Muon muon(Stream(Device::cpu()), MuonHooks{nullptr, nullptr, [&](Stream&, Param& p, const Tensor& local, const PostUpdateContext& c) {
+                                               CHECK(local.data_ptr() == p.data.data_ptr());
+                                               CHECK(c.name == "a");
+                                               CHECK(c.logical_shape == Shape{4, 6});
+                                               CHECK(c.step == 1);
+                                               CHECK(c.lr == doctest::Approx(2e-2));
+                                             }});
+  ParamPtr a = make_param("a", test::random_tensor({4, 6}, DType::f32, 1));
+  ParamPtr b = make_param("b", test::random_tensor({4, 6}, DType::f32, 2));
+  muon.add_param_group({a, b});
+  a->grad = test::random_tensor({4, 6}, DType::f32, 3);
+  const Tensor b_before = b->data.clone();
+  muon.step();
+  muon.stream().synchronize();
+  CHECK(muon.state().count(a.get()) == 1);
+  CHECK(muon.state().count(b.get()) == 0);
+  CHECK(test::same_bits(b->data, b_before));
+}
+
+TEST_CASE("momentum_update_fn and zeropower_fn replace the built-in math") {
+  int momentum_calls = 0, zeropower_calls = 0;
+  MuonHooks hooks;
+  hooks.momentum_update_fn = [&](Stream&, const std::vector<Tensor>& grads, const std::vector<Tensor>&, float, float, bool) {
+    ++momentum_calls;
+    return grads;  // plain gradient, no momentum
+  };
+  hooks.zeropower_fn = [&](Stream&, const Tensor&, int steps) {
+    ++zeropower_calls;
+    CHECK(steps == 5);
+  };  // identity: the update is the gradient itself
+  Muon muon(Stream(Device::cpu()), hooks);
+  ParamPtr p = make_param("w", Tensor::zeros({3, 5}, DType::f32, Device::cpu()));
+  MuonOptions o;
+  o.weight_decay = 0;
+  o.matched_adamw_rms = 0;
+  o.zero_rms_scale_mode = "use_lr";
+  o.lr = 0.5;
+  muon.add_param_group({p}, o);
+  p->grad = Tensor::from_floats(std::vector<float>(15, 2.f), {3, 5});
+  muon.step();
+  muon.stream().synchronize();
+  CHECK(momentum_calls == 1);
+  CHECK(zeropower_calls == 1);
+  CHECK(p->data.to_float_vector() == std::vector<float>(15, -1.f));  // 0 - 0.5 * 1 * 2
+  hooks.momentum_update_fn = [](Stream&, const std::vector<Tensor>&, const std::vector<Tensor>&, float, float, bool) {
+    return std::vector<Tensor>{};
+  };
+  Muon bad(Stream(Device::cpu()), hooks);
+  bad.add_param_group({p}, o);
+  CHECK_THROWS_WITH_AS(bad.step(), "[Muon] momentum_update_fn returned 0 updates for 1 grads", Error);
+}
+
+TEST_CASE("Muon rejects invalid options and 1-D params by name") {
+  Muon muon(Stream(Device::cpu()));
+  auto with = [](auto change) {
+    MuonOptions o;
+    change(o);
+    return o;
+  };
+  ParamPtr w = make_param("w", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.lr = -1; })),
+                       "[Muon] lr must be finite and >= 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.momentum = 1.0; })),
+                       "[Muon] momentum must be in [0, 1), got 1", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.momentum2 = -0.5; })),
+                       "[Muon] momentum2 must be in [0, 1), got -0.5", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_steps = 0; })),
+                       "[Muon] ns_steps must be >= 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_steps = 6; })),
+                       "[Muon] ns_steps 6 exceeds the 5 steps of ns_variant 'asym5'", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_variant = "cubic"; })),
+                       "[Muon] unknown ns_variant 'cubic' (expected legacy, asym5, polar_express or custom)", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_coefficients = {{1, 2, 3}}; })),
+                       "[Muon] ns_coefficients are given but ns_variant is 'asym5' (use 'custom')", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_variant = "custom"; })),
+                       "[Muon] ns_variant 'custom' needs ns_coefficients", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) {
+                         o.ns_variant = "custom";
+                         o.ns_coefficients = {{1, NAN, 3}};
+                       })),
+                       "[Muon] ns_coefficients must be finite, got nan", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.ns_epsilon = -1; })),
+                       "[Muon] ns_epsilon must be finite and >= 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}, with([](MuonOptions& o) { o.zero_rms_scale_mode = "x"; })),
+                       "[Muon] zero_rms_scale_mode must be 'zero' or 'use_lr', got 'x'", Error);
+  ParamPtr bias = make_param("ln.bias", Tensor::zeros({768}, DType::f32, Device::cpu()));
+  CHECK_THROWS_WITH_AS(muon.add_param_group({bias}), "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon", Error);
+  muon.add_param_group({w});
+  CHECK_THROWS_WITH_AS(muon.add_param_group({w}), "[Muon] parameter 'w' is in more than one group", Error);
+  MuonOptions custom;
+  custom.ns_variant = "custom";
+  custom.ns_steps = 2;
+  custom.ns_coefficients = {{3.4445f, -4.7750f, 2.0315f}, {3.4445f, -4.7750f, 2.0315f}};
+  CHECK_NOTHROW(custom.validate());
+}
+
+TEST_CASE("memory-safe batches follow the reference's greedy rule") {
+  Muon muon(Stream(Device::cpu()));
+  std::vector<ParamPtr> owned;
+  std::vector<Param*> params;
+  for (int64_t rows : {4, 4, 4, 20, 4}) {
+    owned.push_back(make_param("p", Tensor::zeros({rows, 4}, DType::f32, Device::cpu())));
+    params.push_back(owned.back().get());
+  }
+  MuonOptions o;
+  o.max_batch_elements = 40;  // two 16-element params fit, a third does not; the 80-element one is oversized
+  muon.add_param_group(owned, o);
+  auto sizes = [](const std::vector<std::vector<Param*>>& batches) {
+    std::vector<size_t> out;
+    for (const auto& b : batches) out.push_back(b.size());
+    return out;
+  };
+  CHECK(sizes(muon.split_into_memory_safe_batches(0, params)) == std::vector<size_t>{2, 1, 1, 1});
+  CHECK(sizes(muon.split_into_memory_safe_batches(0, params, 2)) == std::vector<size_t>{1, 1, 1, 1, 1});
+  muon.mutable_options(0).min_batch_size = 3;
+  CHECK(sizes(muon.split_into_memory_safe_batches(0, params)) == std::vector<size_t>{3, 2});
+  CHECK(core_shape({5, 1, 9}) == CoreShape{5, 9, 1});
+  CHECK(core_shape({3, 6, 10}) == CoreShape{6, 10, 3});
+  CHECK(muon.group_by_shape(params).size() == 2);
+}
