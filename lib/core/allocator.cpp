@@ -3,9 +3,11 @@
 #include <cstdlib>
 #include <new>
 
+#include "../cpu/cpu_stream.h"
 #include "../cuda/cuda_backend.h"
 #include "counting_allocator.h"
 #include "swapopt/core/error.h"
+#include "swapopt/core/stream.h"
 
 namespace swapopt {
 
@@ -26,10 +28,17 @@ class HostAllocator final : public Allocator {
     counter_.on_allocate(nbytes);
     return ptr;
   }
-  void deallocate(void* ptr, size_t nbytes, Stream*) override {
+  /** With a CPU stream the free runs when the stream reaches it (as cudaFreeAsync), so memory a
+   *  stream may still read is never handed back early; the counters change at the call, in the
+   *  stream-ordered view the CUDA allocator has too. */
+  void deallocate(void* ptr, size_t nbytes, Stream* stream) override {
     if (ptr == nullptr) return;
-    std::free(ptr);
     counter_.on_free(nbytes);
+    if (stream != nullptr && stream->device().is_cpu()) {
+      static_cast<cpu::CpuStream&>(stream->impl()).push([ptr] { std::free(ptr); }, true);
+    } else {
+      std::free(ptr);
+    }
   }
   MemoryStats stats() const override { return counter_.stats(); }
   void reset_peak() override { counter_.reset_peak(); }

@@ -7,19 +7,26 @@ namespace swapopt {
 
 Storage::Storage(size_t nbytes, Device device, Allocator& allocator, Stream* stream)
     : nbytes_(nbytes), device_(device), allocator_(&allocator) {
-  if (stream != nullptr) stream_ = *stream;
+  // CPU storages never keep a stream: a CPU stream's worker may be the last holder of a storage,
+  // and must not end up owning (and joining) itself.
+  if (stream != nullptr && device.is_cuda()) stream_ = *stream;
   ptr_ = allocator_->allocate(nbytes_, stream);
 }
 
 Storage::Storage(void* ptr, size_t nbytes, Device device) : ptr_(ptr), nbytes_(nbytes), device_(device) {}
 
 Storage::~Storage() {
-  if (allocator_ != nullptr && ptr_ != nullptr) allocator_->deallocate(ptr_, nbytes_, stream_ ? &*stream_ : nullptr);
+  if (allocator_ != nullptr && ptr_ != nullptr && !bound_) allocator_->deallocate(ptr_, nbytes_, stream_ ? &*stream_ : nullptr);
 }
 
 void Storage::release(Stream* stream) {
   SWAPOPT_CHECK(owned(), "[Storage::release] cannot release memory swapopt does not own (from_blob)");
   if (ptr_ == nullptr) return;
+  if (bound_) {
+    ptr_ = nullptr;
+    bound_ = false;
+    return;
+  }
   allocator_->deallocate(ptr_, nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
   ptr_ = nullptr;
 }
@@ -28,6 +35,13 @@ void Storage::restore(Stream* stream) {
   SWAPOPT_CHECK(owned(), "[Storage::restore] cannot restore memory swapopt does not own (from_blob)");
   if (ptr_ != nullptr || nbytes_ == 0) return;
   ptr_ = allocator_->allocate(nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
+}
+
+void Storage::bind(void* external) {
+  SWAPOPT_CHECK(owned() && ptr_ == nullptr, "[Storage::bind] only a released storage swapopt owns can be bound");
+  SWAPOPT_CHECK(external != nullptr, "[Storage::bind] null memory");
+  ptr_ = external;
+  bound_ = true;
 }
 
 }  // namespace swapopt

@@ -52,11 +52,11 @@ Stream& default_stream(Device device) {
   return it->second;
 }
 
-Event::Event(Device device) {
+Event::Event(Device device, bool enable_timing) {
   if (device.is_cpu()) {
     impl_ = std::make_shared<cpu::CpuEvent>();
   } else {
-    impl_ = cuda::make_event(device.index);
+    impl_ = cuda::make_event(device.index, enable_timing);
   }
   ++g_events_created;
   device_ = device;
@@ -73,6 +73,11 @@ void Event::record(Stream& stream) {
 bool Event::query() const { return impl_->query(); }
 
 void Event::synchronize() const { impl_->synchronize(); }
+
+double Event::elapsed_ms(const Event& start) const {
+  SWAPOPT_CHECK(start.device() == device_, "[Event::elapsed_ms] events on " << start.device().str() << " and " << device_.str());
+  return impl_->elapsed_ms_since(start.impl());
+}
 
 HandleStats handle_stats() { return {g_streams_created.load(), g_events_created.load()}; }
 

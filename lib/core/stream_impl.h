@@ -27,6 +27,7 @@ class EventImpl {
   virtual bool query() const = 0;
   virtual void synchronize() const = 0;
   virtual void* native_handle() const = 0;
+  virtual double elapsed_ms_since(const EventImpl& start) const = 0;
 };
 
 }  // namespace swapopt

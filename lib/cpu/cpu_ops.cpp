@@ -4,6 +4,8 @@
 #include "cpu_ops.h"
 
 #include <Eigen/Core>
+#include <array>
+#include <memory>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -24,33 +26,42 @@ struct F32Matrix {
   int64_t ld;
 };
 
-F32Matrix widen(const Tensor& t, const MatrixLayout& l, int64_t b, std::vector<float>& scratch) {
+/** A tensor's address and layout, taken when the op is enqueued (as a CUDA launch takes its
+ *  arguments): later host-side changes to the storage (release, bind) cannot affect queued work. */
+struct MatrixArg {
+  void* data;
+  DType dtype;
+  MatrixLayout layout;
+};
+
+MatrixArg matrix_arg(const Tensor& t, const char* op) { return {t.data_ptr(), t.dtype(), matrix_layout(t, op)}; }
+
+F32Matrix widen(const MatrixArg& t, int64_t b, std::vector<float>& scratch) {
+  const MatrixLayout& l = t.layout;
   const int64_t first = b * l.batch_stride;
-  if (t.dtype() == DType::f32) return {t.data<float>() + first, l.ld};
+  if (t.dtype == DType::f32) return {static_cast<const float*>(t.data) + first, l.ld};
   scratch.resize(size_t(l.rows * l.cols));
-  const void* base = t.data_ptr();
   for (int64_t i = 0; i < l.rows; ++i)
     for (int64_t j = 0; j < l.cols; ++j)
-      scratch[size_t(i * l.cols + j)] = load_as_float(base, size_t(first + i * l.ld + j), t.dtype());
+      scratch[size_t(i * l.cols + j)] = load_as_float(t.data, size_t(first + i * l.ld + j), t.dtype);
   return {scratch.data(), l.cols};
 }
 
 /** Output matrix b as f32: in place for f32 storage, else through `scratch` (loaded when beta != 0). */
-float* output_f32(const Tensor& c, const MatrixLayout& l, int64_t b, float beta, std::vector<float>& scratch) {
-  if (c.dtype() == DType::f32) return c.data<float>() + b * l.batch_stride;
+float* output_f32(const MatrixArg& c, int64_t b, float beta, std::vector<float>& scratch) {
+  const MatrixLayout& l = c.layout;
+  if (c.dtype == DType::f32) return static_cast<float*>(c.data) + b * l.batch_stride;
   scratch.resize(size_t(l.rows * l.cols));
   if (beta != 0.f) {
-    const void* base = c.data_ptr();
-    for (int64_t i = 0; i < l.rows * l.cols; ++i)
-      scratch[size_t(i)] = load_as_float(base, size_t(b * l.batch_stride + i), c.dtype());
+    for (int64_t i = 0; i < l.rows * l.cols; ++i) scratch[size_t(i)] = load_as_float(c.data, size_t(b * l.batch_stride + i), c.dtype);
   }
   return scratch.data();
 }
 
-void store_output(const Tensor& c, const MatrixLayout& l, int64_t b, const float* values) {
-  if (c.dtype() == DType::f32) return;
-  void* base = c.data_ptr();
-  for (int64_t i = 0; i < l.rows * l.cols; ++i) store_from_float(base, size_t(b * l.batch_stride + i), c.dtype(), values[size_t(i)]);
+void store_output(const MatrixArg& c, int64_t b, const float* values) {
+  if (c.dtype == DType::f32) return;
+  const MatrixLayout& l = c.layout;
+  for (int64_t i = 0; i < l.rows * l.cols; ++i) store_from_float(c.data, size_t(b * l.batch_stride + i), c.dtype, values[size_t(i)]);
 }
 
 /** c = alpha * lhs * rhs when beta == 0, else c += alpha * lhs * rhs (c already scaled by beta). */
@@ -63,37 +74,37 @@ void multiply_into(Out&& c, const LhsExpr& lhs, const RhsExpr& rhs, float alpha,
   }
 }
 
-void gemm_now(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha, float beta) {
-  const MatrixLayout la = matrix_layout(a, "gemm"), lb = matrix_layout(b, "gemm"), lc = matrix_layout(c, "gemm");
+void gemm_now(const MatrixArg& a, bool trans_a, const MatrixArg& b, bool trans_b, const MatrixArg& c, float alpha, float beta) {
+  const MatrixLayout &la = a.layout, &lb = b.layout, &lc = c.layout;
   std::vector<float> a_scratch, b_scratch, c_scratch;
   for (int64_t batch = 0; batch < lc.batch; ++batch) {
-    const F32Matrix fa = widen(a, la, batch, a_scratch);
-    const F32Matrix fb = widen(b, lb, batch, b_scratch);
+    const F32Matrix fa = widen(a, batch, a_scratch);
+    const F32Matrix fb = widen(b, batch, b_scratch);
     ConstMatrixMap ma(fa.data, la.rows, la.cols, Eigen::OuterStride<>(fa.ld));
     ConstMatrixMap mb(fb.data, lb.rows, lb.cols, Eigen::OuterStride<>(fb.ld));
-    float* out = output_f32(c, lc, batch, beta, c_scratch);
-    MatrixMap mc(out, lc.rows, lc.cols, Eigen::OuterStride<>(c.dtype() == DType::f32 ? lc.ld : lc.cols));
+    float* out = output_f32(c, batch, beta, c_scratch);
+    MatrixMap mc(out, lc.rows, lc.cols, Eigen::OuterStride<>(c.dtype == DType::f32 ? lc.ld : lc.cols));
     if (beta != 0.f && beta != 1.f) mc *= beta;
     if (!trans_a && !trans_b) multiply_into(mc, ma, mb, alpha, beta);
     if (!trans_a && trans_b) multiply_into(mc, ma, mb.transpose(), alpha, beta);
     if (trans_a && !trans_b) multiply_into(mc, ma.transpose(), mb, alpha, beta);
     if (trans_a && trans_b) multiply_into(mc, ma.transpose(), mb.transpose(), alpha, beta);
-    store_output(c, lc, batch, out);
+    store_output(c, batch, out);
   }
 }
 
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
 constexpr int64_t kSyrkBlock = 128;
 
-void syrk_now(const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
-  const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
+void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha, float beta) {
+  const MatrixLayout &la = a.layout, &lc = c.layout;
   std::vector<float> a_scratch, c_scratch;
   const int64_t m = lc.rows;
   for (int64_t batch = 0; batch < lc.batch; ++batch) {
-    const F32Matrix fa = widen(a, la, batch, a_scratch);
+    const F32Matrix fa = widen(a, batch, a_scratch);
     ConstMatrixMap ma(fa.data, la.rows, la.cols, Eigen::OuterStride<>(fa.ld));
-    float* out = output_f32(c, lc, batch, beta, c_scratch);
-    MatrixMap mc(out, m, m, Eigen::OuterStride<>(c.dtype() == DType::f32 ? lc.ld : lc.cols));
+    float* out = output_f32(c, batch, beta, c_scratch);
+    MatrixMap mc(out, m, m, Eigen::OuterStride<>(c.dtype == DType::f32 ? lc.ld : lc.cols));
     // Lower triangle by row blocks (each a GEMM on Eigen's threads), then mirror it: about half
     // the flops of the full product.
     for (int64_t r0 = 0; r0 < m; r0 += kSyrkBlock) {
@@ -108,31 +119,25 @@ void syrk_now(const Tensor& a, bool trans_a, const Tensor& c, float alpha, float
     }
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = i + 1; j < m; ++j) mc(i, j) = mc(j, i);
-    store_output(c, lc, batch, out);
+    store_output(c, batch, out);
   }
 }
-
-/** Elementwise ops take an f32 fast path when both tensors are f32. */
-bool all_f32(const Tensor& x, const Tensor& y) { return x.dtype() == DType::f32 && y.dtype() == DType::f32; }
 
 /** torch.lerp's formula, exact at both ends. */
 inline float lerp_value(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w); }
 
-void strided_copy(const Tensor& src, const Tensor& dst) {
-  const int64_t n = src.numel(), nd = src.dim();
-  const size_t es = src.element_size();
-  const char* s = static_cast<const char*>(src.data_ptr());
-  char* d = static_cast<char*>(dst.data_ptr());
+void strided_copy(const char* s, const Shape& shape, const Shape& src_strides, char* d, const Shape& dst_strides, size_t es) {
+  const int64_t n = shape_numel(shape), nd = int64_t(shape.size());
   std::vector<int64_t> index(size_t(nd), 0);
   for (int64_t i = 0; i < n; ++i) {
     int64_t so = 0, dof = 0;
     for (int64_t k = 0; k < nd; ++k) {
-      so += index[size_t(k)] * src.strides()[size_t(k)];
-      dof += index[size_t(k)] * dst.strides()[size_t(k)];
+      so += index[size_t(k)] * src_strides[size_t(k)];
+      dof += index[size_t(k)] * dst_strides[size_t(k)];
     }
     std::memcpy(d + dof * int64_t(es), s + so * int64_t(es), es);
     for (int64_t k = nd - 1; k >= 0; --k) {
-      if (++index[size_t(k)] < src.shape()[size_t(k)]) break;
+      if (++index[size_t(k)] < shape[size_t(k)]) break;
       index[size_t(k)] = 0;
     }
   }
@@ -140,21 +145,37 @@ void strided_copy(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
+/** Keeps the storages of an op's tensors alive until the op has run. */
+inline std::array<std::shared_ptr<Storage>, 3> hold(const Tensor& a, const Tensor& b = Tensor(), const Tensor& c = Tensor()) {
+  return {a.storage(), b.storage(), c.storage()};
+}
+
+// Every op reads its tensors' addresses now, on the calling thread, and enqueues work on those
+// raw pointers (see MatrixArg), holding the storages alive until the work has run. A release
+// between enqueue and execution only drops the storage's pointer; the memory itself is freed in
+// stream order (see the CPU allocator), after the queued work.
+
 void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
           float beta) {
-  stream.enqueue([=] { gemm_now(a, trans_a, b, trans_b, c, alpha, beta); });
+  const MatrixArg ma = matrix_arg(a, "gemm"), mb = matrix_arg(b, "gemm"), mc = matrix_arg(c, "gemm");
+  stream.enqueue([=, keep = hold(a, b, c)] { gemm_now(ma, trans_a, mb, trans_b, mc, alpha, beta); });
 }
 
 void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
-  stream.enqueue([=] { syrk_now(a, trans_a, c, alpha, beta); });
+  const MatrixArg ma = matrix_arg(a, "syrk"), mc = matrix_arg(c, "syrk");
+  stream.enqueue([=, keep = hold(a, c)] { syrk_now(ma, trans_a, mc, alpha, beta); });
 }
 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y) {
-  stream.enqueue([=] {
-    const size_t n = size_t(x.numel());
-    if (all_f32(x, y)) {
-      const float* xv = x.data<float>();
-      float* yv = y.data<float>();
+  const size_t n = size_t(x.numel());
+  if (n == 0) return;
+  const void* xb = x.data_ptr();
+  void* yb = y.data_ptr();
+  const DType xd = x.dtype(), yd = y.dtype();
+  stream.enqueue([=, keep = hold(x, y)] {
+    if (xd == DType::f32 && yd == DType::f32) {
+      const float* xv = static_cast<const float*>(xb);
+      float* yv = static_cast<float*>(yb);
       if (beta == 0.f) {
         for (size_t i = 0; i < n; ++i) yv[i] = alpha * xv[i];
       } else {
@@ -162,43 +183,42 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
       }
       return;
     }
-    const void* xb = x.data_ptr();
-    void* yb = y.data_ptr();
     for (size_t i = 0; i < n; ++i) {
-      const float xv = load_as_float(xb, i, x.dtype());
-      const float yv = beta == 0.f ? alpha * xv : alpha * xv + beta * load_as_float(yb, i, y.dtype());
-      store_from_float(yb, i, y.dtype(), yv);
+      const float xv = load_as_float(xb, i, xd);
+      store_from_float(yb, i, yd, beta == 0.f ? alpha * xv : alpha * xv + beta * load_as_float(yb, i, yd));
     }
   });
 }
 
 void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
-  stream.enqueue([=] {
-    const size_t n = size_t(a.numel());
-    if (all_f32(a, b)) {
-      float* av = a.data<float>();
-      const float* bv = b.data<float>();
+  const size_t n = size_t(a.numel());
+  if (n == 0) return;
+  void* ab = a.data_ptr();
+  const void* bb = b.data_ptr();
+  const DType ad = a.dtype(), bd = b.dtype();
+  stream.enqueue([=, keep = hold(a, b)] {
+    if (ad == DType::f32 && bd == DType::f32) {
+      float* av = static_cast<float*>(ab);
+      const float* bv = static_cast<const float*>(bb);
       for (size_t i = 0; i < n; ++i) av[i] = lerp_value(av[i], bv[i], weight);
       return;
     }
-    void* ab = a.data_ptr();
-    const void* bb = b.data_ptr();
-    for (size_t i = 0; i < n; ++i) {
-      store_from_float(ab, i, a.dtype(), lerp_value(load_as_float(ab, i, a.dtype()), load_as_float(bb, i, b.dtype()), weight));
-    }
+    for (size_t i = 0; i < n; ++i) store_from_float(ab, i, ad, lerp_value(load_as_float(ab, i, ad), load_as_float(bb, i, bd), weight));
   });
 }
 
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
-  stream.enqueue([=] {
-    const int64_t count = norms.numel();
-    const int64_t per = count == 0 ? 0 : x.numel() / count;
-    const void* base = x.data_ptr();
-    float* out = norms.data<float>();
+  const int64_t count = norms.numel();
+  if (count == 0) return;
+  const int64_t per = x.numel() / count;
+  const void* base = per ? x.data_ptr() : nullptr;
+  float* out = norms.data<float>();
+  const DType xd = x.dtype();
+  stream.enqueue([=, keep = hold(x, norms)] {
     for (int64_t m = 0; m < count; ++m) {
       double sum = 0.0;
       for (int64_t i = 0; i < per; ++i) {
-        const double v = load_as_float(base, size_t(m * per + i), x.dtype());
+        const double v = load_as_float(base, size_t(m * per + i), xd);
         sum += v * v;
       }
       out[m] = float(std::sqrt(sum));
@@ -207,45 +227,53 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
 }
 
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
-  stream.enqueue([=] {
-    const int64_t count = norms.numel();
-    const int64_t per = count == 0 ? 0 : x.numel() / count;
-    void* base = x.data_ptr();
-    const float* nv = norms.data<float>();
+  const int64_t count = norms.numel();
+  if (count == 0 || x.numel() == 0) return;
+  const int64_t per = x.numel() / count;
+  void* base = x.data_ptr();
+  const float* nv = norms.data<float>();
+  const DType xd = x.dtype();
+  stream.enqueue([=, keep = hold(x, norms)] {
     for (int64_t m = 0; m < count; ++m) {
       const float denom = nv[m] + eps;
       for (int64_t i = 0; i < per; ++i) {
         const size_t at = size_t(m * per + i);
-        store_from_float(base, at, x.dtype(), load_as_float(base, at, x.dtype()) / denom);
+        store_from_float(base, at, xd, load_as_float(base, at, xd) / denom);
       }
     }
   });
 }
 
 void cast(Stream& stream, const Tensor& src, const Tensor& dst) {
-  stream.enqueue([=] {
-    const size_t n = size_t(src.numel());
-    const void* sb = n ? src.data_ptr() : nullptr;
-    void* db = n ? dst.data_ptr() : nullptr;
-    for (size_t i = 0; i < n; ++i) store_from_float(db, i, dst.dtype(), load_as_float(sb, i, src.dtype()));
+  const size_t n = size_t(src.numel());
+  if (n == 0) return;
+  const void* sb = src.data_ptr();
+  void* db = dst.data_ptr();
+  const DType sd = src.dtype(), dd = dst.dtype();
+  stream.enqueue([=, keep = hold(src, dst)] {
+    for (size_t i = 0; i < n; ++i) store_from_float(db, i, dd, load_as_float(sb, i, sd));
   });
 }
 
 void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
-  stream.enqueue([=] {
-    if (src.numel() == 0) return;
-    if (src.is_contiguous() && dst.is_contiguous()) {
-      std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
-    } else {
-      strided_copy(src, dst);
-    }
-  });
+  if (src.numel() == 0) return;
+  const char* s = static_cast<const char*>(src.data_ptr());
+  char* d = static_cast<char*>(dst.data_ptr());
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    const size_t nbytes = src.nbytes();
+    stream.enqueue([=, keep = hold(src, dst)] { std::memcpy(d, s, nbytes); });
+  } else {
+    const Shape shape = src.shape(), ss = src.strides(), ds = dst.strides();
+    const size_t es = src.element_size();
+    stream.enqueue([=, keep = hold(src, dst)] { strided_copy(s, shape, ss, d, ds, es); });
+  }
 }
 
 void fill_zero(Stream& stream, const Tensor& x) {
-  stream.enqueue([=] {
-    if (x.numel() > 0) std::memset(x.data_ptr(), 0, x.nbytes());
-  });
+  if (x.numel() == 0) return;
+  void* p = x.data_ptr();
+  const size_t nbytes = x.nbytes();
+  stream.enqueue([=, keep = hold(x)] { std::memset(p, 0, nbytes); });
 }
 
 }  // namespace swapopt::cpu

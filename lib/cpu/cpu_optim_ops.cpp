@@ -1,43 +1,50 @@
 // CPU fused optimizer updates (enqueued on the CPU stream).
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <cmath>
 
 #include "cpu_ops.h"
 
 namespace swapopt::cpu {
 
+// Addresses are read at enqueue time and storages held until the work has run, as in cpu_ops.cpp.
+
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
                    bool nesterov) {
-  stream.enqueue([=] {
-    const size_t n = size_t(grad.numel());
-    if (n == 0) return;
-    const void* gb = grad.data_ptr();
-    void* bb = buf.data_ptr();
-    void* ub = update.data_ptr();
+  const size_t n = size_t(grad.numel());
+  if (n == 0) return;
+  const void* gb = grad.data_ptr();
+  void* bb = buf.data_ptr();
+  void* ub = update.data_ptr();
+  const DType gd = grad.dtype(), bd = buf.dtype(), ud = update.dtype();
+  stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 3>{grad.storage(), buf.storage(), update.storage()}] {
     for (size_t i = 0; i < n; ++i) {
-      const float g = load_as_float(gb, i, grad.dtype());
-      const float b = load_as_float(bb, i, buf.dtype());
+      const float g = load_as_float(gb, i, gd);
+      const float b = load_as_float(bb, i, bd);
       float u = g + m1 * b;
-      store_from_float(bb, i, buf.dtype(), m2 * b + g);
+      store_from_float(bb, i, bd, m2 * b + g);
       if (nesterov) u = m1 * u + g;
-      store_from_float(ub, i, update.dtype(), u);
+      store_from_float(ub, i, ud, u);
     }
   });
 }
 
 void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                   const Tensor& max_exp_avg_sq, const ops::AdamWScalars& k) {
-  stream.enqueue([=] {
-    const size_t n = size_t(param.numel());
-    if (n == 0) return;
-    void* pb = param.data_ptr();
-    const void* gb = grad.data_ptr();
-    float* m = exp_avg.data<float>();
-    float* v = exp_avg_sq.data<float>();
-    float* vmax = max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr;
+  const size_t n = size_t(param.numel());
+  if (n == 0) return;
+  void* pb = param.data_ptr();
+  const void* gb = grad.data_ptr();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  float* vmax = max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr;
+  const DType pd = param.dtype(), gd = grad.dtype();
+  stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 5>{param.storage(), grad.storage(), exp_avg.storage(),
+                                                             exp_avg_sq.storage(), max_exp_avg_sq.storage()}] {
     for (size_t i = 0; i < n; ++i) {
-      const float g = load_as_float(gb, i, grad.dtype());
-      float p = load_as_float(pb, i, param.dtype()) * k.decay;
+      const float g = load_as_float(gb, i, gd);
+      float p = load_as_float(pb, i, pd) * k.decay;
       const float w = k.one_minus_beta1;
       m[i] = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.f - w);
       v[i] = v[i] * k.beta2 + (k.one_minus_beta2 * g) * g;
@@ -45,7 +52,7 @@ void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const
       if (vmax != nullptr) second = vmax[i] = std::max(vmax[i], v[i]);
       const float denom = std::sqrt(second) / k.bias_correction2_sqrt + k.eps;
       p = p + k.neg_step_size * (m[i] / denom);
-      store_from_float(pb, i, param.dtype(), p);
+      store_from_float(pb, i, pd, p);
     }
   });
 }

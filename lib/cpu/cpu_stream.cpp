@@ -8,6 +8,7 @@ void CompletionMark::signal() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
+    signalled_at_ = std::chrono::steady_clock::now();
   }
   cv_.notify_all();
 }
@@ -15,6 +16,11 @@ void CompletionMark::signal() {
 void CompletionMark::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return done_; });
+}
+
+std::chrono::steady_clock::time_point CompletionMark::signalled_at() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return signalled_at_;
 }
 
 bool CompletionMark::done() {
@@ -99,6 +105,12 @@ std::shared_ptr<CompletionMark> CpuEvent::mark() const {
 bool CpuEvent::query() const {
   std::shared_ptr<CompletionMark> current = mark();
   return !current || current->done();
+}
+
+double CpuEvent::elapsed_ms_since(const EventImpl& start) const {
+  const std::shared_ptr<CompletionMark> from = static_cast<const CpuEvent&>(start).mark(), to = mark();
+  SWAPOPT_CHECK(from && to && from->done() && to->done(), "[Event::elapsed_ms] both events must be recorded and complete");
+  return std::chrono::duration<double, std::milli>(to->signalled_at() - from->signalled_at()).count();
 }
 
 void CpuEvent::synchronize() const {

@@ -1,6 +1,7 @@
 #pragma once
 // CPU streams and events (internal): a stream is a worker thread running its queue in order.
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -19,11 +20,14 @@ class CompletionMark {
   void signal();
   void wait();
   bool done();
+  /** When signal() ran (valid once done). */
+  std::chrono::steady_clock::time_point signalled_at();
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point signalled_at_;
 };
 
 class CpuStream final : public StreamImpl {
@@ -62,6 +66,7 @@ class CpuEvent final : public EventImpl {
   bool query() const override;
   void synchronize() const override;
   void* native_handle() const override { return nullptr; }
+  double elapsed_ms_since(const EventImpl& start) const override;
   /** The last recorded mark, or null if never recorded. */
   std::shared_ptr<CompletionMark> mark() const;
 

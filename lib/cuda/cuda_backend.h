@@ -26,7 +26,7 @@ Allocator& device_allocator(int index);
 Allocator& pinned_allocator();
 
 std::shared_ptr<StreamImpl> make_stream(int index);
-std::shared_ptr<EventImpl> make_event(int index);
+std::shared_ptr<EventImpl> make_event(int index, bool enable_timing);
 
 /** Synchronous memset of device memory. */
 void memset_sync(void* ptr, size_t nbytes, int index);

@@ -135,10 +135,16 @@ void CudaStream::enqueue(std::function<void()>) {
   SWAPOPT_FAIL("[Stream::enqueue] host functions run only on CPU streams");
 }
 
-CudaEvent::CudaEvent(int index) : index_(index) {
+CudaEvent::CudaEvent(int index, bool enable_timing) : index_(index) {
   check_device(index, "Event");
   DeviceGuard guard(index);
-  SWAPOPT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  SWAPOPT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+
+double CudaEvent::elapsed_ms_since(const EventImpl& start) const {
+  float ms = 0.f;
+  SWAPOPT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.native_handle()), event_));
+  return double(ms);
 }
 
 CudaEvent::~CudaEvent() {
@@ -160,6 +166,8 @@ void CudaEvent::synchronize() const { SWAPOPT_CUDA_CHECK(cudaEventSynchronize(ev
 
 std::shared_ptr<StreamImpl> make_stream(int index) { return std::make_shared<CudaStream>(index); }
 
-std::shared_ptr<EventImpl> make_event(int index) { return std::make_shared<CudaEvent>(index); }
+std::shared_ptr<EventImpl> make_event(int index, bool enable_timing) {
+  return std::make_shared<CudaEvent>(index, enable_timing);
+}
 
 }  // namespace swapopt::cuda

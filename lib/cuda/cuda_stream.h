@@ -41,12 +41,13 @@ class CudaStream final : public StreamImpl {
 
 class CudaEvent final : public EventImpl {
  public:
-  explicit CudaEvent(int index);
+  CudaEvent(int index, bool enable_timing);
   ~CudaEvent() override;
   void record(StreamImpl& stream) override;
   bool query() const override;
   void synchronize() const override;
   void* native_handle() const override { return event_; }
+  double elapsed_ms_since(const EventImpl& start) const override;
 
  private:
   int index_;

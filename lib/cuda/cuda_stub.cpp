@@ -17,7 +17,7 @@ int device_count() { return 0; }
 Allocator& device_allocator(int) { not_built("device_allocator"); }
 Allocator& pinned_allocator() { not_built("pinned_allocator"); }
 std::shared_ptr<StreamImpl> make_stream(int) { not_built("Stream"); }
-std::shared_ptr<EventImpl> make_event(int) { not_built("Event"); }
+std::shared_ptr<EventImpl> make_event(int, bool) { not_built("Event"); }
 void memset_sync(void*, size_t, int) { not_built("memset"); }
 void gemm(Stream&, const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) { not_built("gemm"); }
 void syrk(Stream&, const Tensor&, bool, const Tensor&, float, float) { not_built("syrk"); }

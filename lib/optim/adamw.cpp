@@ -55,8 +55,8 @@ void AdamW::update_param(size_t group, Param& param) {
 }
 
 void AdamW::step() {
+  for (ParamGroup& g : groups_) g.step += 1;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    groups_[g].step += 1;
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) update_param(g, *p);
   }

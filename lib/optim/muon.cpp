@@ -190,8 +190,8 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 }
 
 void Muon::step() {
+  for (ParamGroup& g : groups_) g.step += 1;  // all groups first, as the reference does
   for (size_t g = 0; g < groups_.size(); ++g) {
-    groups_[g].step += 1;
     const std::vector<Param*> params = params_with_grad(g);
     for (const std::vector<Param*>& shape_group : group_by_shape(params))
       for (const std::vector<Param*>& batch : split_into_memory_safe_batches(g, shape_group))

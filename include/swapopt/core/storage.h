@@ -37,13 +37,19 @@ class Storage {
   void release(Stream* stream = nullptr);
   /** Allocates the bytes again at the same size; contents are undefined. */
   void restore(Stream* stream = nullptr);
+  /** Points a released owned storage at `nbytes()` bytes of memory owned elsewhere (a staging
+   *  arena) without owning them; release() then only drops the pointer. */
+  void bind(void* external);
+  /** True while bound to external memory. */
+  bool bound() const { return bound_; }
 
  private:
   void* ptr_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   Allocator* allocator_ = nullptr;  // null for borrowed memory
-  std::optional<Stream> stream_;    // orders frees without an explicit stream
+  std::optional<Stream> stream_;    // CUDA only: orders frees without an explicit stream
+  bool bound_ = false;              // ptr_ is external memory (bind), not ours to free
 };
 
 }  // namespace swapopt

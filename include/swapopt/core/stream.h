@@ -47,7 +47,8 @@ Stream& default_stream(Device device);
 /** A completion mark. Record on a stream; others wait on it; the host can synchronize on it. */
 class Event {
  public:
-  explicit Event(Device device);
+  /** With `enable_timing`, elapsed_ms() can measure between two such events. */
+  explicit Event(Device device, bool enable_timing = false);
   Device device() const;
   /** Marks the current end of `stream`'s queue; replaces any earlier record. */
   void record(Stream& stream);
@@ -55,6 +56,9 @@ class Event {
   bool query() const;
   /** Blocks the host until the last recorded point has completed. */
   void synchronize() const;
+  /** Milliseconds from `start` completing to this event completing; both timing events, recorded
+   *  and complete (synchronize first). */
+  double elapsed_ms(const Event& start) const;
   EventImpl& impl() const { return *impl_; }
 
  private:

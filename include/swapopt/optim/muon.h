@@ -84,8 +84,9 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** For each group: step += 1, then every param with a grad by shape group and memory-safe batch:
-   *  momentum, Newton-Schulz, update; then post_update_fn for the group's updated params. */
+  /** Every group's step += 1; then for each group, every param with a grad by shape group and
+   *  memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for the group's
+   *  updated params. */
   void step() override;
 
   // The schedule, in the pieces the swap adapter replays (same functions, same order).

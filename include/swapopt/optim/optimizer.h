@@ -58,6 +58,14 @@ class Optimizer {
   /** Index of `param` over all groups in order, as checkpoints name it. */
   int64_t param_index(const Param* param) const;
 
+  /** Metadata JSON of the current groups and steps. */
+  std::string metadata_json() const;
+  /** Checks `state` against this optimizer; returns the change that applies it, `write_tensor`
+   *  being how each checked host tensor reaches the state (the swap wrapper writes host mirrors).
+   *  Nothing changes until the returned function runs. */
+  std::function<void()> prepare_load(const StateDict& state,
+                                     std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor);
+
  protected:
   /** The options of group `group` as a JSON object. */
   virtual std::string group_options_json(size_t group) const = 0;
@@ -68,13 +76,6 @@ class Optimizer {
   void add_group(std::vector<ParamPtr> params);
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
-
-  /** Metadata JSON of the current groups and steps. */
-  std::string metadata_json() const;
-  /** Checks `state` against this optimizer; returns the change that applies it, `write_tensor`
-   *  being how each checked host tensor reaches the state (the swap wrapper writes host mirrors). */
-  std::function<void()> prepare_load(const StateDict& state,
-                                     std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor);
 
   std::string name_;
   Stream stream_;

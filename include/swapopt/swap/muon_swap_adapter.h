@@ -1,0 +1,28 @@
+#pragma once
+/** Momentum-only swap for Muon: units are Muon's own NS batches (a matrix is never split). */
+
+#include "swapopt/optim/muon.h"
+#include "swapopt/swap/state_swap_adapter.h"
+
+namespace swapopt {
+
+class MuonSwapAdapter : public StateSwapAdapter {
+ public:
+  explicit MuonSwapAdapter(Muon& muon) : muon_(muon) {}
+  Optimizer& optimizer() override { return muon_; }
+  std::vector<std::string> family_state_keys() const override { return {"momentum_buffer"}; }
+  /** Rejects momentum_update_fn: batching would change the boundary of its calls. */
+  void validate(const SwapConfig& config) const override;
+  std::vector<SlotSpec> slot_layout(const std::vector<std::string>& keys) const override;
+  /** Per group: Muon's shape groups split into memory-safe batches, one unit each, in the order
+   *  Muon::step() runs them; the group's post_update_fn runs after its last unit. */
+  std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override;
+  void begin_step() override;
+  /** Muon::update_momentum, process_unsharded_batch and run_post_update: the bare step's calls. */
+  void step_batch(std::span<UpdateUnit> batch) override;
+
+ private:
+  Muon& muon_;
+};
+
+}  // namespace swapopt

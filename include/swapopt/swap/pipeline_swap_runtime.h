@@ -1,0 +1,147 @@
+#pragma once
+/** The backend-neutral swap pipeline: host mirrors, the partition into batches, and the
+ *  double-buffered H2D/D2H schedule on a copy stream, ordered against the compute stream with
+ *  events only (no device-wide synchronisation on the hot path). */
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "swapopt/core/storage.h"
+#include "swapopt/core/stream.h"
+#include "swapopt/optim/optimizer.h"
+#include "swapopt/swap/swap_config.h"
+#include "swapopt/swap/swap_slot.h"
+
+namespace swapopt {
+
+/** What one swapped step did; read through PipelineSwapRuntime::last_report(). */
+struct SwapStepReport {
+  int batches = 0;
+  size_t h2d_bytes = 0;
+  size_t d2h_bytes = 0;
+  /** Time the compute stream spent blocked on copies (its waits on H2D and D2H events). */
+  double exposed_wait_ms = 0.0;
+  /** Peak bytes of swappable optimizer state resident on the device during the step (restored
+   *  slot storage, or staging arenas in packed mode). */
+  size_t peak_resident_bytes = 0;
+  /** The first batches' H2D had been issued by prefetch_early() and was used as is. */
+  bool early_prefetch_used = false;
+};
+
+class PipelineSwapRuntime {
+ public:
+  /** `compute` runs the optimizer math; the runtime creates its copy stream and events here,
+   *  once, so that no step creates any. */
+  PipelineSwapRuntime(Stream compute, SwapConfig config);
+  ~PipelineSwapRuntime();
+  PipelineSwapRuntime(const PipelineSwapRuntime&) = delete;
+  PipelineSwapRuntime& operator=(const PipelineSwapRuntime&) = delete;
+
+  const SwapConfig& config() const { return config_; }
+  Stream& compute_stream() { return compute_; }
+  Stream& copy_stream() { return copy_; }
+
+  /** Allocates the pinned mirrors of `layout` (one buffer per dtype, slots 64-byte aligned, in
+   *  layout order) and adopts the state `optimizer` already holds for them: copied to the mirrors,
+   *  waited for, and released on the device before this returns. Only states of at least
+   *  min_numel elements become slots; smaller ones stay ordinary device state. */
+  void build(const std::vector<SlotSpec>& layout, Optimizer& optimizer);
+  /** The slot of (param, key), or null when that state is not swapped. */
+  SwapSlot* find_slot(const Param* param, const std::string& key) const;
+  const std::vector<std::unique_ptr<SwapSlot>>& slots() const { return slots_; }
+  /** Fills each unit's slots. With `create`, missing state is created host-side: the mirror is
+   *  zeroed and the shell published to the optimizer, so new state is never device-resident
+   *  outside its unit; without, only slots whose state exists are attached (early prefetch). */
+  void attach_slots(std::vector<UpdateUnit>& units, Optimizer& optimizer, bool create = true);
+
+  /** Cuts `costs` into T = max(1, min(swap_times, n)) contiguous batches (the reference's balanced
+   *  greedy rule); returns the batch sizes. */
+  static std::vector<size_t> partition(const std::vector<int64_t>& costs, int swap_times);
+  /** Batch sizes for `units`: config.swap_times, or with a device budget the smallest count whose
+   *  resident bytes fit (throws naming the budget and the size that does not fit). */
+  std::vector<size_t> plan_batches(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
+  /** Device bytes the pipeline holds at once for these batches: the largest two consecutive
+   *  batches (unpacked), or the two staging arenas (packed). */
+  size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
+
+  /** Runs the step: each batch's slots are device-resident exactly while `step_batch` runs it.
+   *  On an exception every transfer is drained, every slot is left host-resident (units that ran
+   *  hold their new state, the others their old; state created for a unit that never ran is
+   *  removed again, as the bare step would never have made it) and the exception is rethrown. */
+  void run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
+           const std::function<void(std::span<UpdateUnit>)>& step_batch);
+  /** Issues the H2D of the first batches of a planned step now; run() continues from there when
+   *  its first batches are the same, and otherwise waits for these copies and starts afresh. */
+  void prefetch_early(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes);
+  /** Undoes a pending prefetch_early() (waits for its copies, frees their device memory). */
+  void discard_early_prefetch();
+  /** Synchronises both streams and returns the report of the last run(). */
+  const SwapStepReport& last_report();
+
+  /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
+  void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
+
+  /** Pinned bytes held for mirrors, and the bytes of the slots they hold. */
+  size_t pinned_bytes() const;
+  size_t slot_bytes() const;
+
+ private:
+  struct Range {
+    size_t begin = 0;
+    size_t end = 0;
+  };
+  enum class Phase { idle, loading, loaded, stepped, offloading, done };
+  struct Batch {
+    std::span<UpdateUnit> units;
+    std::vector<SwapSlot*> slots;  // unique, in unit order
+    std::array<Range, 3> ranges;   // packed: covering host range per dtype
+    Phase phase = Phase::idle;
+    size_t resident = 0;           // bytes this batch holds on the device while loaded
+  };
+  struct EarlyPrefetch;
+
+  std::vector<Batch> make_batches(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) const;
+  void allocate_arenas(const std::vector<Batch>& batches);
+  void free_arenas();
+  /** Packed: one copy per dtype between the batch's host range and arena `parity`; returns bytes. */
+  size_t copy_ranges(const Batch& batch, size_t parity, bool to_device);
+  void issue_h2d(Batch& batch, size_t index);
+  void wait_ready(Batch& batch, size_t index);
+  void issue_d2h(Batch& batch, size_t index);
+  void wait_offload(Batch& batch, size_t index);
+  void drain(std::vector<Batch>& batches);
+  void run_unpacked(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch);
+  void run_packed(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch);
+  /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
+  bool adopt_early_prefetch(std::vector<Batch>& batches);
+  void timed_wait(Event& event);
+  void trace(const char* what, size_t index);
+  void track_resident(long long delta);
+
+  SwapConfig config_;
+  Stream compute_;
+  Stream copy_;
+  // Created once: ready/offloaded by batch parity, and marks ordering the copy stream after compute.
+  std::array<Event, 2> ready_;
+  std::array<Event, 2> offloaded_;
+  Event compute_mark_;
+  std::vector<Event> wait_timers_;  // pairs around each compute-stream wait; grows only when a step needs more
+  size_t timers_used_ = 0;
+
+  std::vector<std::unique_ptr<SwapSlot>> slots_;
+  std::array<std::shared_ptr<Storage>, 3> host_buffers_;   // pinned, one per dtype
+  std::array<std::array<std::shared_ptr<Storage>, 3>, 2> arenas_;  // packed staging, [parity][dtype]
+  std::unique_ptr<EarlyPrefetch> early_;
+  Optimizer* optimizer_ = nullptr;             // whose state the slots are (set by build)
+  std::vector<SwapSlot*> created_this_step_;   // by attach_slots: undone if their unit never runs
+
+  SwapStepReport report_;
+  size_t resident_now_ = 0;
+  std::function<void(const std::string&)> trace_;
+};
+
+}  // namespace swapopt

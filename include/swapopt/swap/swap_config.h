@@ -1,0 +1,30 @@
+#pragma once
+/** How optimizer state is swapped between device and pinned host memory. */
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace swapopt {
+
+/** Defaults are the reference system's. */
+struct SwapConfig {
+  /** Batches the update units are cut into; each batch's state is on the device only while it runs. */
+  int swap_times = 16;
+  /** State keys to swap (a subset of the family's); unset: all of them. */
+  std::optional<std::vector<std::string>> state_keys;
+  /** Coalesce each batch's transfers into one copy per dtype through two reusable staging arenas. */
+  bool packed = true;
+  /** States with fewer elements stay device-resident (tiny states are not worth a transfer). */
+  int64_t min_numel = 1024;
+  /** If set, swap_times is chosen per step as the smallest count whose two consecutive batches fit
+   *  in this many bytes of device-resident optimizer state. */
+  std::optional<size_t> device_budget_bytes;
+
+  /** Throws "[swap] swap_times must be positive, got 0" etc. */
+  void validate() const;
+};
+
+}  // namespace swapopt

@@ -1,0 +1,55 @@
+#pragma once
+/** An optimizer whose state lives in pinned host memory between steps, with steps bitwise equal to
+ *  the bare optimizer's. */
+
+#include <memory>
+
+#include "swapopt/optim/adamw.h"
+#include "swapopt/optim/muon.h"
+#include "swapopt/swap/pipeline_swap_runtime.h"
+#include "swapopt/swap/state_swap_adapter.h"
+
+namespace swapopt {
+
+class SwapOptimizer {
+ public:
+  /** Validates `config` and the adapter, allocates the pinned mirrors (once) and offloads any
+   *  state the optimizer already holds, waiting for it. The optimizer must outlive this wrapper
+   *  and must not be stepped directly while wrapped. */
+  SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConfig config);
+
+  /** One optimizer step through the swap pipeline (asynchronous on the optimizer's stream, as the
+   *  bare step is). */
+  void step();
+  /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
+   *  runs, planned as if every param will have a gradient; step() continues from there when the
+   *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. */
+  void prefetch_early();
+
+  /** Host copies of the state (mirrors for swapped state) and metadata: the same format as the
+   *  bare optimizer's, so either loads the other's checkpoints. */
+  StateDict state_dict();
+  /** Checks `state` like the bare optimizer, then writes swapped state into the host mirrors (no
+   *  H2D); on a mismatch throws a named error and changes nothing. */
+  void load_state_dict(const StateDict& state);
+
+  /** The last step's report (synchronises the streams). */
+  SwapStepReport last_report() { return runtime_.last_report(); }
+  Optimizer& optimizer() { return adapter_->optimizer(); }
+  StateSwapAdapter& adapter() { return *adapter_; }
+  PipelineSwapRuntime& runtime() { return runtime_; }
+  /** The state keys being swapped. */
+  const std::vector<std::string>& state_keys() const { return keys_; }
+
+ private:
+  std::unique_ptr<StateSwapAdapter> adapter_;
+  std::vector<std::string> keys_;
+  PipelineSwapRuntime runtime_;
+};
+
+/** Wraps `muon` with momentum-only swap. */
+std::unique_ptr<SwapOptimizer> swap_muon(Muon& muon, SwapConfig config = {});
+/** Wraps `adamw` with swap of its moments. */
+std::unique_ptr<SwapOptimizer> swap_adamw(AdamW& adamw, SwapConfig config = {});
+
+}  // namespace swapopt

@@ -1,0 +1,46 @@
+#pragma once
+/** One swappable state tensor of one parameter, and the unit of work that reads it. */
+
+#include <string>
+#include <vector>
+
+#include "swapopt/core/tensor.h"
+#include "swapopt/optim/param.h"
+
+namespace swapopt {
+
+/** Where a slot's authoritative bytes are: device -> d2h -> host -> h2d -> device. */
+enum class SlotState { device, d2h, host, h2d };
+const char* slot_state_name(SlotState state);
+
+struct SwapSlot {
+  Param* param = nullptr;
+  std::string key;       // e.g. "momentum_buffer"
+  Tensor device;         // the optimizer's state tensor: released (a shell) unless on the device
+  Tensor host;           // pinned mirror: a view of the host buffer of its dtype
+  size_t host_offset = 0;  // bytes into that host buffer
+  SlotState state = SlotState::host;
+  /** The optimizer holds this state. Until then the mirror is reserved, not yet zeroed. */
+  bool created = false;
+
+  size_t nbytes() const { return host.nbytes(); }
+};
+
+/** What an adapter asks for: a (param, key) state of a dtype, in the order its schedule visits it. */
+struct SlotSpec {
+  Param* param = nullptr;
+  std::string key;
+  DType dtype = DType::f32;
+};
+
+/** An atomic piece of an optimizer step: the pipeline never splits it across batches. */
+struct UpdateUnit {
+  size_t group = 0;
+  std::vector<Param*> params;               // updated by this unit, in schedule order
+  std::vector<Param*> post_update_params;   // post_update_fn runs for these after the unit (Muon)
+  int64_t logical_bytes = 0;                // partition cost: state bytes, independent of rank
+  std::vector<SwapSlot*> slots;             // filled by the runtime: swappable state the unit reads
+  bool done = false;                        // set by the adapter once the unit has run
+};
+
+}  // namespace swapopt

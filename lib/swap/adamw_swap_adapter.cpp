@@ -1,0 +1,43 @@
+#include "swapopt/swap/adamw_swap_adapter.h"
+
+#include <algorithm>
+
+namespace swapopt {
+
+std::vector<SlotSpec> AdamWSwapAdapter::slot_layout(const std::vector<std::string>& keys) const {
+  std::vector<SlotSpec> layout;
+  for (size_t g = 0; g < adamw_.param_groups().size(); ++g)
+    for (const ParamPtr& p : adamw_.param_groups()[g].params)
+      for (const std::string& key : adamw_.group_state_keys(g))
+        if (std::find(keys.begin(), keys.end(), key) != keys.end()) layout.push_back({p.get(), key, DType::f32});
+  return layout;
+}
+
+std::vector<UpdateUnit> AdamWSwapAdapter::plan_units(bool assume_all_grads) const {
+  std::vector<UpdateUnit> units;
+  for (size_t g = 0; g < adamw_.param_groups().size(); ++g) {
+    const int64_t keys = int64_t(adamw_.group_state_keys(g).size());
+    for (const ParamPtr& p : adamw_.param_groups()[g].params) {
+      if (!assume_all_grads && !p->has_grad()) continue;
+      UpdateUnit unit;
+      unit.group = g;
+      unit.params = {p.get()};
+      unit.logical_bytes = shape_numel(p->logical_shape()) * int64_t(dtype_size(DType::f32)) * keys;
+      units.push_back(std::move(unit));
+    }
+  }
+  return units;
+}
+
+void AdamWSwapAdapter::begin_step() {
+  for (ParamGroup& g : adamw_.param_groups()) g.step += 1;
+}
+
+void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
+  for (UpdateUnit& unit : batch) {
+    adamw_.update_param(unit.group, *unit.params.front());
+    unit.done = true;
+  }
+}
+
+}  // namespace swapopt

@@ -1,0 +1,536 @@
+#include "swapopt/swap/pipeline_swap_runtime.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "swapopt/core/allocator.h"
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+
+namespace swapopt {
+
+namespace {
+
+constexpr size_t kSlotAlignment = 64;  // bytes; keeps every mirror and arena view vector-aligned
+
+size_t align_up(size_t n) { return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment; }
+
+}  // namespace
+
+/** H2D copies issued by prefetch_early() for the first `issued` batches of a planned step. */
+struct PipelineSwapRuntime::EarlyPrefetch {
+  std::vector<UpdateUnit> units;
+  std::vector<Batch> batches;
+  size_t issued = 0;
+};
+
+const char* slot_state_name(SlotState state) {
+  switch (state) {
+    case SlotState::device: return "device";
+    case SlotState::d2h: return "d2h";
+    case SlotState::host: return "host";
+    case SlotState::h2d: return "h2d";
+  }
+  return "?";
+}
+
+PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
+    : config_(std::move(config)),
+      compute_(compute),
+      copy_(compute.device()),
+      ready_{Event(compute.device()), Event(compute.device())},
+      offloaded_{Event(compute.device()), Event(compute.device())},
+      compute_mark_(compute.device()) {
+  config_.validate();
+}
+
+PipelineSwapRuntime::~PipelineSwapRuntime() {
+  try {
+    copy_.synchronize();
+    compute_.synchronize();
+  } catch (...) {  // destructors never throw; a stream error was already reported by step()
+  }
+}
+
+void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& optimizer) {
+  SWAPOPT_CHECK(slots_.empty(), "[swap] the runtime is already built");
+  optimizer_ = &optimizer;
+  std::array<size_t, 3> totals{0, 0, 0};
+  std::vector<const SlotSpec*> kept;
+  std::vector<size_t> offsets;
+  for (const SlotSpec& spec : layout) {
+    if (spec.param->data.numel() < config_.min_numel) continue;  // tiny: stays ordinary device state
+    const size_t d = size_t(spec.dtype);
+    offsets.push_back(totals[d]);
+    totals[d] += align_up(size_t(spec.param->data.numel()) * dtype_size(spec.dtype));
+    kept.push_back(&spec);
+  }
+  for (size_t d = 0; d < 3; ++d)
+    if (totals[d] > 0) host_buffers_[d] = std::make_shared<Storage>(totals[d], Device::cpu(), pinned_host_allocator());
+  std::vector<SwapSlot*> adopted;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const SlotSpec& spec = *kept[i];
+    auto slot = std::make_unique<SwapSlot>();
+    slot->param = spec.param;
+    slot->key = spec.key;
+    slot->host_offset = offsets[i];
+    const Shape& shape = spec.param->data.shape();
+    slot->host = Tensor::on_storage(host_buffers_[size_t(spec.dtype)], int64_t(offsets[i] / dtype_size(spec.dtype)), shape,
+                                    spec.dtype);
+    auto& state = optimizer.state();
+    const auto ps = state.find(spec.param);
+    const bool exists = ps != state.end() && ps->second.tensors.count(spec.key) != 0;
+    if (exists) {
+      const Tensor& t = ps->second.tensors.at(spec.key);
+      const std::string what = "[swap] state '" + spec.key + "' of '" + spec.param->name + "'";
+      SWAPOPT_CHECK(t.is_contiguous() && t.offset() == 0 && t.storage()->owned() && t.storage()->nbytes() == t.nbytes(),
+                    what << " must be dense, contiguous and own exactly its bytes to be swapped, got " << t.str());
+      SWAPOPT_CHECK(t.shape() == shape && t.dtype() == spec.dtype,
+                    what << " is " << t.str() << ", expected " << dtype_name(spec.dtype) << " " << shape_str(shape));
+      slot->device = t;
+      slot->created = true;
+      adopted.push_back(slot.get());
+    } else {
+      slot->device = Tensor::empty(shape, spec.dtype, optimizer.device());
+      slot->device.storage()->release();
+    }
+    slot->state = SlotState::host;
+    slots_.push_back(std::move(slot));
+  }
+  // Initial offload: state that exists before the first swapped step leaves the device now, and
+  // the copies complete before the trainer's next forward/backward needs that memory.
+  if (!adopted.empty()) {
+    compute_mark_.record(compute_);
+    copy_.wait(compute_mark_);
+    for (SwapSlot* slot : adopted) ops::copy(copy_, slot->device, slot->host);
+    copy_.synchronize();
+    for (SwapSlot* slot : adopted) slot->device.storage()->release();
+  }
+}
+
+SwapSlot* PipelineSwapRuntime::find_slot(const Param* param, const std::string& key) const {
+  for (const auto& slot : slots_)
+    if (slot->param == param && slot->key == key) return slot.get();
+  return nullptr;
+}
+
+void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, Optimizer& optimizer, bool create) {
+  std::map<const Param*, std::vector<SwapSlot*>> by_param;
+  for (const auto& slot : slots_) by_param[slot->param].push_back(slot.get());
+  if (create) created_this_step_.clear();
+  for (UpdateUnit& unit : units) {
+    unit.slots.clear();
+    for (Param* p : unit.params) {
+      const auto it = by_param.find(p);
+      if (it == by_param.end()) continue;
+      for (SwapSlot* slot : it->second) {
+        if (!slot->created && !create) continue;
+        if (!slot->created) {
+          std::memset(slot->host.data_ptr(), 0, slot->nbytes());
+          optimizer.state()[p].tensors[slot->key] = slot->device;
+          slot->created = true;
+          created_this_step_.push_back(slot);
+        }
+        unit.slots.push_back(slot);
+      }
+    }
+  }
+}
+
+std::vector<size_t> PipelineSwapRuntime::partition(const std::vector<int64_t>& costs, int swap_times) {
+  const size_t n = costs.size();
+  if (n == 0) return {};
+  const size_t batches = std::max<size_t>(1, std::min<size_t>(size_t(std::max(swap_times, 1)), n));
+  std::vector<int64_t> cost(n);
+  int64_t remaining = 0;
+  for (size_t i = 0; i < n; ++i) remaining += cost[i] = std::max<int64_t>(1, costs[i]);
+  std::vector<size_t> sizes;
+  size_t start = 0;
+  for (size_t k = 0; k + 1 < batches; ++k) {
+    const int64_t rb = int64_t(batches - k);  // batches left, this one included
+    int64_t current = 0;
+    size_t end = start;
+    while (end < n) {
+      if (n - end - 1 < size_t(rb - 1)) break;  // leave a unit for every later batch
+      const int64_t next = cost[end];
+      if (end > start && std::llabs(remaining - current * rb) <= std::llabs(remaining - (current + next) * rb)) break;
+      current += next;
+      ++end;
+    }
+    sizes.push_back(end - start);
+    remaining -= current;
+    start = end;
+  }
+  sizes.push_back(n - start);
+  return sizes;
+}
+
+std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::span<UpdateUnit> units,
+                                                                          const std::vector<size_t>& batch_sizes) const {
+  std::vector<Batch> batches;
+  size_t start = 0;
+  for (size_t size : batch_sizes) {
+    Batch b;
+    b.units = units.subspan(start, size);
+    start += size;
+    for (size_t d = 0; d < 3; ++d) b.ranges[d] = {SIZE_MAX, 0};
+    for (UpdateUnit& u : b.units)
+      for (SwapSlot* s : u.slots) {
+        if (std::find(b.slots.begin(), b.slots.end(), s) != b.slots.end()) continue;
+        b.slots.push_back(s);
+        Range& r = b.ranges[size_t(s->host.dtype())];
+        r.begin = std::min(r.begin, s->host_offset);
+        r.end = std::max(r.end, s->host_offset + s->nbytes());
+      }
+    for (size_t d = 0; d < 3; ++d) {
+      if (b.ranges[d].begin == SIZE_MAX) b.ranges[d] = {0, 0};
+      b.resident += config_.packed ? b.ranges[d].end - b.ranges[d].begin : 0;
+    }
+    if (!config_.packed)
+      for (SwapSlot* s : b.slots) b.resident += s->nbytes();
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
+size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>& units,
+                                                  const std::vector<size_t>& batch_sizes) const {
+  std::vector<UpdateUnit> copy = units;
+  const std::vector<Batch> batches = make_batches(copy, batch_sizes);
+  size_t need = 0;
+  if (!config_.packed) {
+    for (size_t i = 0; i < batches.size(); ++i)
+      need = std::max(need, batches[i].resident + (i + 1 < batches.size() ? batches[i + 1].resident : 0));
+    return need;
+  }
+  for (size_t parity = 0; parity < 2; ++parity)
+    for (size_t d = 0; d < 3; ++d) {
+      size_t largest = 0;
+      for (size_t i = parity; i < batches.size(); i += 2)
+        largest = std::max(largest, batches[i].ranges[d].end - batches[i].ranges[d].begin);
+      need += largest;
+    }
+  return need;
+}
+
+std::vector<size_t> PipelineSwapRuntime::plan_batches(const std::vector<UpdateUnit>& units,
+                                                      const std::vector<int64_t>& costs) const {
+  if (!config_.device_budget_bytes) return partition(costs, config_.swap_times);
+  const size_t budget = *config_.device_budget_bytes;
+  size_t largest_unit = 0;
+  for (const UpdateUnit& u : units) {
+    size_t bytes = 0;
+    for (const SwapSlot* s : u.slots) bytes += s->nbytes();
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  SWAPOPT_CHECK(largest_unit <= budget, "[swap] device_budget_bytes " << budget << " is below the largest update unit ("
+                                                                      << largest_unit << " bytes of state)");
+  size_t smallest_need = SIZE_MAX;
+  for (size_t t = 1; t <= units.size(); ++t) {
+    const std::vector<size_t> sizes = partition(costs, int(t));
+    const size_t need = resident_bytes_needed(units, sizes);
+    if (need <= budget) return sizes;
+    smallest_need = std::min(smallest_need, need);
+  }
+  if (units.empty()) return {};
+  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "
+                                             << "pipeline needs at least " << smallest_need << " bytes");
+}
+
+void PipelineSwapRuntime::trace(const char* what, size_t index) {
+  if (trace_) trace_(std::string(what) + " " + std::to_string(index));
+}
+
+void PipelineSwapRuntime::track_resident(long long delta) {
+  resident_now_ = size_t((long long)resident_now_ + delta);
+  report_.peak_resident_bytes = std::max(report_.peak_resident_bytes, resident_now_);
+}
+
+void PipelineSwapRuntime::timed_wait(Event& event) {
+  // Timing events come from a pool that grows only when a step waits more often than any before.
+  while (wait_timers_.size() < timers_used_ + 2) wait_timers_.emplace_back(compute_.device(), true);
+  wait_timers_[timers_used_].record(compute_);
+  compute_.wait(event);
+  wait_timers_[timers_used_ + 1].record(compute_);
+  timers_used_ += 2;
+}
+
+void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
+  for (size_t parity = 0; parity < 2; ++parity)
+    for (size_t d = 0; d < 3; ++d) {
+      size_t largest = 0;
+      for (size_t i = parity; i < batches.size(); i += 2)
+        largest = std::max(largest, batches[i].ranges[d].end - batches[i].ranges[d].begin);
+      if (largest == 0) continue;
+      arenas_[parity][d] = std::make_shared<Storage>(largest, compute_.device(), device_allocator(compute_.device()), &copy_);
+      track_resident((long long)largest);
+    }
+}
+
+void PipelineSwapRuntime::free_arenas() {
+  for (auto& by_dtype : arenas_)
+    for (auto& arena : by_dtype) {
+      if (!arena) continue;
+      track_resident(-(long long)arena->nbytes());
+      arena->release(&compute_);  // after the compute stream's waits on the last offloads
+      arena.reset();
+    }
+}
+
+size_t PipelineSwapRuntime::copy_ranges(const Batch& batch, size_t parity, bool to_device) {
+  size_t bytes = 0;
+  for (size_t d = 0; d < 3; ++d) {
+    const Range& r = batch.ranges[d];
+    if (r.end == r.begin) continue;
+    const DType dtype = DType(d);
+    const int64_t elements = int64_t((r.end - r.begin) / dtype_size(dtype));
+    const Tensor host = Tensor::on_storage(host_buffers_[d], int64_t(r.begin / dtype_size(dtype)), {elements}, dtype);
+    const Tensor arena = Tensor::on_storage(arenas_[parity][d], 0, {elements}, dtype);
+    ops::copy(copy_, to_device ? host : arena, to_device ? arena : host);
+    bytes += r.end - r.begin;
+  }
+  return bytes;
+}
+
+void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
+  trace("h2d", index);
+  const size_t parity = index % 2;
+  if (!config_.packed) {
+    // The copy stream restores and fills device memory only after the compute stream's work so far
+    // (including the frees of the batch before), so the stream-ordered allocator can reuse it.
+    compute_mark_.record(compute_);
+    copy_.wait(compute_mark_);
+    for (SwapSlot* s : batch.slots) {
+      s->device.storage()->restore(&copy_);
+      ops::copy(copy_, s->host, s->device);
+      report_.h2d_bytes += s->nbytes();
+    }
+    track_resident((long long)batch.resident);
+  } else {
+    report_.h2d_bytes += copy_ranges(batch, parity, true);
+  }
+  for (SwapSlot* s : batch.slots) s->state = SlotState::h2d;
+  ready_[parity].record(copy_);
+  batch.phase = Phase::loading;
+}
+
+void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
+  trace("wait_ready", index);
+  timed_wait(ready_[index % 2]);
+  if (config_.packed)
+    for (SwapSlot* s : batch.slots) {
+      const size_t d = size_t(s->host.dtype());
+      s->device.storage()->bind(static_cast<char*>(arenas_[index % 2][d]->data()) + (s->host_offset - batch.ranges[d].begin));
+    }
+  for (SwapSlot* s : batch.slots) s->state = SlotState::device;
+  batch.phase = Phase::loaded;
+}
+
+void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
+  trace("d2h", index);
+  compute_mark_.record(compute_);
+  copy_.wait(compute_mark_);
+  if (!config_.packed) {
+    for (SwapSlot* s : batch.slots) {
+      ops::copy(copy_, s->device, s->host);
+      report_.d2h_bytes += s->nbytes();
+    }
+  } else {
+    report_.d2h_bytes += copy_ranges(batch, index % 2, false);
+  }
+  for (SwapSlot* s : batch.slots) s->state = SlotState::d2h;
+  offloaded_[index % 2].record(copy_);
+  batch.phase = Phase::offloading;
+}
+
+void PipelineSwapRuntime::wait_offload(Batch& batch, size_t index) {
+  trace("wait_offload", index);
+  timed_wait(offloaded_[index % 2]);
+  // Released only now: the compute stream has waited for the D2H, so the free (stream-ordered on
+  // the compute stream) cannot overtake the copy that reads the memory.
+  for (SwapSlot* s : batch.slots) {
+    s->device.storage()->release(&compute_);
+    s->state = SlotState::host;
+  }
+  if (!config_.packed) track_resident(-(long long)batch.resident);
+  batch.phase = Phase::done;
+}
+
+void PipelineSwapRuntime::run_unpacked(std::vector<Batch>& batches,
+                                       const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+  if (batches[0].phase == Phase::idle) issue_h2d(batches[0], 0);
+  for (size_t n = 0; n < batches.size(); ++n) {
+    wait_ready(batches[n], n);
+    if (n > 0) wait_offload(batches[n - 1], n - 1);
+    if (n + 1 < batches.size()) issue_h2d(batches[n + 1], n + 1);
+    trace("step", n);
+    batches[n].phase = Phase::stepped;  // an exception inside counts as (partly) stepped
+    step_batch(batches[n].units);
+    issue_d2h(batches[n], n);
+  }
+  wait_offload(batches.back(), batches.size() - 1);
+}
+
+void PipelineSwapRuntime::run_packed(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+  for (size_t i = 0; i < std::min<size_t>(2, batches.size()); ++i)
+    if (batches[i].phase == Phase::idle) issue_h2d(batches[i], i);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    wait_ready(batches[i], i);
+    if (i >= 2) wait_offload(batches[i - 2], i - 2);
+    trace("step", i);
+    batches[i].phase = Phase::stepped;
+    step_batch(batches[i].units);
+    issue_d2h(batches[i], i);  // D2H(i), then H2D(i+2) into the same arena, in order on the copy stream
+    if (i + 2 < batches.size()) issue_h2d(batches[i + 2], i + 2);
+  }
+  for (size_t i = batches.size() >= 2 ? batches.size() - 2 : 0; i < batches.size(); ++i) wait_offload(batches[i], i);
+  free_arenas();
+}
+
+void PipelineSwapRuntime::drain(std::vector<Batch>& batches) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    Batch& b = batches[i];
+    switch (b.phase) {
+      case Phase::loading:
+        wait_ready(b, i);
+        [[fallthrough]];
+      case Phase::loaded:  // never stepped: the host mirror still holds its state
+        for (SwapSlot* s : b.slots) {
+          s->device.storage()->release(&compute_);
+          s->state = SlotState::host;
+        }
+        if (!config_.packed) track_resident(-(long long)b.resident);
+        b.phase = Phase::done;
+        break;
+      case Phase::stepped:  // units that ran hold new state, the rest the state they were loaded with
+        issue_d2h(b, i);
+        wait_offload(b, i);
+        break;
+      case Phase::offloading:
+        wait_offload(b, i);
+        break;
+      case Phase::idle:
+      case Phase::done:
+        break;
+    }
+    for (UpdateUnit& unit : b.units) {
+      if (unit.done) continue;
+      for (SwapSlot* s : unit.slots) {
+        if (std::find(created_this_step_.begin(), created_this_step_.end(), s) == created_this_step_.end()) continue;
+        auto& tensors = optimizer_->state()[s->param].tensors;
+        tensors.erase(s->key);
+        if (tensors.empty()) optimizer_->state().erase(s->param);
+        s->created = false;
+      }
+    }
+  }
+  free_arenas();
+}
+
+bool PipelineSwapRuntime::adopt_early_prefetch(std::vector<Batch>& batches) {
+  if (!early_) return false;
+  bool same = batches.size() >= early_->issued;
+  for (size_t k = 0; same && k < early_->issued; ++k) {
+    same = batches[k].slots == early_->batches[k].slots;
+    for (size_t d = 0; same && d < 3; ++d)
+      same = batches[k].ranges[d].begin == early_->batches[k].ranges[d].begin &&
+             batches[k].ranges[d].end == early_->batches[k].ranges[d].end;
+  }
+  if (same && config_.packed) {  // the early arenas must be large enough for every batch of the real plan
+    for (size_t i = 0; same && i < batches.size(); ++i)
+      for (size_t d = 0; same && d < 3; ++d) {
+        const size_t need = batches[i].ranges[d].end - batches[i].ranges[d].begin;
+        same = need == 0 || (arenas_[i % 2][d] && arenas_[i % 2][d]->nbytes() >= need);
+      }
+  }
+  if (!same) {  // the plan changed (a gradient appeared or vanished): undo the early copies
+    discard_early_prefetch();
+    return false;
+  }
+  for (size_t k = 0; k < early_->issued; ++k) batches[k].phase = Phase::loading;
+  report_.early_prefetch_used = true;
+  early_.reset();
+  return true;
+}
+
+void PipelineSwapRuntime::discard_early_prefetch() {
+  if (!early_) return;
+  copy_.synchronize();
+  for (size_t k = 0; k < early_->issued; ++k) {
+    for (SwapSlot* s : early_->batches[k].slots) {
+      s->device.storage()->release(&compute_);
+      s->state = SlotState::host;
+    }
+    if (!config_.packed) track_resident(-(long long)early_->batches[k].resident);
+  }
+  free_arenas();
+  early_.reset();
+}
+
+void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) {
+  SWAPOPT_CHECK(!early_, "[swap] prefetch_early was already called for this step");
+  auto early = std::make_unique<EarlyPrefetch>();
+  early->units.assign(units.begin(), units.end());
+  early->batches = make_batches(early->units, batch_sizes);
+  if (early->batches.empty()) return;
+  report_ = {};
+  timers_used_ = 0;
+  resident_now_ = 0;
+  if (config_.packed) allocate_arenas(early->batches);
+  early->issued = config_.packed ? std::min<size_t>(2, early->batches.size()) : 1;
+  for (size_t k = 0; k < early->issued; ++k) issue_h2d(early->batches[k], k);
+  early_ = std::move(early);
+}
+
+void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
+                              const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+  std::vector<Batch> batches = make_batches(units, batch_sizes);
+  if (!early_) {
+    report_ = {};
+    timers_used_ = 0;
+    resident_now_ = 0;
+  }
+  const bool adopted = adopt_early_prefetch(batches);
+  report_.batches = int(batches.size());
+  if (batches.empty()) return;
+  try {
+    if (config_.packed) {
+      if (!adopted) allocate_arenas(batches);
+      run_packed(batches, step_batch);
+    } else {
+      run_unpacked(batches, step_batch);
+    }
+  } catch (...) {
+    try {
+      drain(batches);
+      copy_.synchronize();
+      compute_.synchronize();
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
+}
+
+const SwapStepReport& PipelineSwapRuntime::last_report() {
+  copy_.synchronize();
+  compute_.synchronize();
+  report_.exposed_wait_ms = 0.0;
+  for (size_t i = 0; i + 1 < timers_used_; i += 2) report_.exposed_wait_ms += wait_timers_[i + 1].elapsed_ms(wait_timers_[i]);
+  return report_;
+}
+
+size_t PipelineSwapRuntime::pinned_bytes() const {
+  size_t total = 0;
+  for (const auto& b : host_buffers_)
+    if (b) total += b->nbytes();
+  return total;
+}
+
+size_t PipelineSwapRuntime::slot_bytes() const {
+  size_t total = 0;
+  for (const auto& s : slots_) total += s->nbytes();
+  return total;
+}
+
+}  // namespace swapopt

@@ -1,0 +1,13 @@
+#include "swapopt/swap/swap_config.h"
+
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+void SwapConfig::validate() const {
+  SWAPOPT_CHECK(swap_times > 0, "[swap] swap_times must be positive, got " << swap_times);
+  SWAPOPT_CHECK(min_numel >= 0, "[swap] min_numel must be non-negative, got " << min_numel);
+  SWAPOPT_CHECK(!device_budget_bytes || *device_budget_bytes > 0, "[swap] device_budget_bytes must be positive");
+}
+
+}  // namespace swapopt

@@ -1,0 +1,102 @@
+#include "swapopt/swap/swap_optimizer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+#include "swapopt/swap/adamw_swap_adapter.h"
+#include "swapopt/swap/muon_swap_adapter.h"
+
+namespace swapopt {
+
+namespace {
+
+std::vector<std::string> resolve_keys(const StateSwapAdapter& adapter, Optimizer& optimizer, const SwapConfig& config) {
+  config.validate();
+  const std::vector<std::string> family = adapter.family_state_keys();
+  if (!config.state_keys) return family;
+  std::vector<std::string> foreign;
+  for (const std::string& key : *config.state_keys)
+    if (std::find(family.begin(), family.end(), key) == family.end()) foreign.push_back(key);
+  if (!foreign.empty()) {
+    std::string asked, owned;
+    for (const std::string& k : foreign) asked += (asked.empty() ? "" : ", ") + k;
+    for (const std::string& k : family) owned += (owned.empty() ? "" : ", ") + k;
+    SWAPOPT_FAIL("[swap] state keys [" << asked << "] are not " << optimizer.name() << " state; " << optimizer.name()
+                                       << " swaps only [" << owned << "]");
+  }
+  return *config.state_keys;
+}
+
+}  // namespace
+
+SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConfig config)
+    : adapter_(std::move(adapter)),
+      keys_(resolve_keys(*adapter_, adapter_->optimizer(), config)),
+      runtime_(adapter_->optimizer().stream(), config) {
+  adapter_->validate(config);
+  runtime_.build(adapter_->slot_layout(keys_), adapter_->optimizer());
+}
+
+void SwapOptimizer::step() {
+  adapter_->begin_step();
+  std::vector<UpdateUnit> units = adapter_->plan_units(false);
+  runtime_.attach_slots(units, optimizer());
+  const std::vector<size_t> batch_sizes = runtime_.plan_batches(units, adapter_->partition_costs(units));
+  runtime_.run(units, batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
+  adapter_->finish_step();
+}
+
+void SwapOptimizer::prefetch_early() {
+  std::vector<UpdateUnit> units = adapter_->plan_units(true);
+  runtime_.attach_slots(units, optimizer(), false);
+  runtime_.prefetch_early(units, runtime_.plan_batches(units, adapter_->partition_costs(units)));
+}
+
+StateDict SwapOptimizer::state_dict() {
+  Optimizer& opt = optimizer();
+  runtime_.copy_stream().synchronize();
+  opt.stream().synchronize();
+  StateDict out;
+  out.metadata = opt.metadata_json();
+  for (const auto& [param, ps] : opt.state())
+    for (const auto& [key, tensor] : ps.tensors) {
+      const SwapSlot* slot = runtime_.find_slot(param, key);
+      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key,
+                          slot != nullptr ? slot->host.clone() : tensor.to(Device::cpu()));
+    }
+  return out;
+}
+
+void SwapOptimizer::load_state_dict(const StateDict& state) {
+  Optimizer& opt = optimizer();
+  std::function<void()> apply = opt.prepare_load(state, [&](const Param& param, const std::string& key, const Tensor& host) {
+    SwapSlot* slot = runtime_.find_slot(&param, key);
+    if (slot != nullptr) {  // into the mirror; the next step brings it over
+      std::memcpy(slot->host.data_ptr(), host.data_ptr(), host.nbytes());
+      slot->created = true;
+      opt.state()[&param].tensors[key] = slot->device;
+    } else {
+      Tensor device_copy = Tensor::empty(host.shape(), host.dtype(), opt.device());
+      ops::copy(opt.stream(), host, device_copy);
+      opt.state()[&param].tensors[key] = device_copy;
+    }
+  });
+  runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
+  runtime_.copy_stream().synchronize();
+  opt.stream().synchronize();
+  for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone
+  apply();
+  opt.stream().synchronize();
+}
+
+std::unique_ptr<SwapOptimizer> swap_muon(Muon& muon, SwapConfig config) {
+  return std::make_unique<SwapOptimizer>(std::make_unique<MuonSwapAdapter>(muon), std::move(config));
+}
+
+std::unique_ptr<SwapOptimizer> swap_adamw(AdamW& adamw, SwapConfig config) {
+  return std::make_unique<SwapOptimizer>(std::make_unique<AdamWSwapAdapter>(adamw), std::move(config));
+}
+
+}  // namespace swapopt

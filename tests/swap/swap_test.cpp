@@ -1,0 +1,424 @@
+#include "swap/swap_fixture.h"
+
+using namespace swapopt;
+
+namespace {
+
+std::unique_ptr<Muon> make_muon(const std::vector<ParamPtr>& params, MuonHooks hooks = {}) {
+  auto muon = std::make_unique<Muon>(Stream(Device::cpu()), std::move(hooks));
+  muon->add_param_group({params[0], params[1], params[2], params[3], params[4]});
+  MuonOptions second;
+  second.lr = 0.05;
+  second.ns_variant = "legacy";
+  muon->add_param_group({params[5], params[6]}, second);
+  return muon;
+}
+
+std::unique_ptr<AdamW> make_adamw(const std::vector<ParamPtr>& params) {
+  auto adamw = std::make_unique<AdamW>(Stream(Device::cpu()));
+  adamw->add_param_group({params[0], params[1], params[2], params[3]});
+  AdamWOptions amsgrad;
+  amsgrad.amsgrad = true;
+  adamw->add_param_group({params[4], params[5], params[6]}, amsgrad);
+  return adamw;
+}
+
+SwapConfig config_of(int swap_times, bool packed) {
+  SwapConfig c;
+  c.swap_times = swap_times;
+  c.packed = packed;
+  return c;
+}
+
+/** Steps bare and swapped copies of the model `steps` times; checks params and state bitwise. */
+template <typename MakeOptimizer, typename Wrap>
+void check_bitwise(MakeOptimizer make_optimizer, Wrap wrap, const SwapConfig& config, int steps = 5) {
+  auto bare_params = test::swap_model(11), swap_params = test::swap_model(11);
+  auto bare = make_optimizer(bare_params);
+  auto inner = make_optimizer(swap_params);
+  auto swapped = wrap(*inner, config);
+  for (int step = 1; step <= steps; ++step) {
+    test::set_swap_grads(bare_params, step);
+    test::set_swap_grads(swap_params, step);
+    bare->step();
+    swapped->step();
+    bare->stream().synchronize();
+    inner->stream().synchronize();
+    CHECK(test::params_bitwise_equal(bare_params, swap_params));
+    for (const auto& slot : swapped->runtime().slots()) {
+      CHECK(slot->state == SlotState::host);
+      CHECK((slot->device.is_released() || !slot->created));
+    }
+  }
+  CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+}
+
+}  // namespace
+
+TEST_SUITE("swap") {
+  TEST_CASE("Muon swapped equals bare bitwise: swap_times 1, 2, 3, 7, > units; packed and not") {
+    for (bool packed : {true, false})
+      for (int t : {1, 2, 3, 7, 100}) {
+        CAPTURE(packed);
+        CAPTURE(t);
+        check_bitwise([](const std::vector<ParamPtr>& p) { return make_muon(p); }, [](Muon& m, const SwapConfig& c) { return swap_muon(m, c); }, config_of(t, packed));
+      }
+  }
+
+  TEST_CASE("AdamW swapped equals bare bitwise, amsgrad included") {
+    for (bool packed : {true, false})
+      for (int t : {1, 2, 3, 7, 100}) {
+        CAPTURE(packed);
+        CAPTURE(t);
+        check_bitwise(make_adamw, [](AdamW& a, const SwapConfig& c) { return swap_adamw(a, c); }, config_of(t, packed));
+      }
+  }
+
+  TEST_CASE("only the configured state keys are swapped") {
+    auto params = test::swap_model(3);
+    auto adamw = make_adamw(params);
+    SwapConfig c;
+    c.state_keys = std::vector<std::string>{"exp_avg"};
+    auto swapped = swap_adamw(*adamw, c);
+    for (const auto& slot : swapped->runtime().slots()) CHECK(slot->key == "exp_avg");
+    auto bare_params = test::swap_model(3);
+    auto bare = make_adamw(bare_params);
+    for (int step = 1; step <= 3; ++step) {
+      test::set_swap_grads(params, step);
+      test::set_swap_grads(bare_params, step);
+      swapped->step();
+      bare->step();
+    }
+    CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+  }
+
+  TEST_CASE("state restored from a checkpoint: bare -> swapped and swapped -> bare stay bitwise") {
+    auto straight_params = test::swap_model(5);
+    auto straight = make_muon(straight_params);
+    for (int step = 1; step <= 5; ++step) {
+      test::set_swap_grads(straight_params, step);
+      straight->step();
+    }
+    // Bare for 2 steps, saved; a swapped optimizer loads it and runs steps 3-4; saved; a bare one
+    // loads that and runs step 5.
+    auto params = test::swap_model(5);
+    auto first = make_muon(params);
+    for (int step = 1; step <= 2; ++step) {
+      test::set_swap_grads(params, step);
+      first->step();
+    }
+    const StateDict after_two = first->state_dict();
+    auto second = make_muon(params);
+    auto swapped = swap_muon(*second, config_of(3, true));
+    swapped->load_state_dict(after_two);
+    CHECK(second->param_groups()[1].step == 2);
+    for (const auto& slot : swapped->runtime().slots()) CHECK(slot->device.is_released());
+    for (int step = 3; step <= 4; ++step) {
+      test::set_swap_grads(params, step);
+      swapped->step();
+    }
+    const std::string path = "/tmp/swapopt_swap_checkpoint.safetensors";
+    save_state_dict(swapped->state_dict(), path);
+    auto third = make_muon(params);
+    third->load_state_dict(load_state_dict(path));
+    test::set_swap_grads(params, 5);
+    third->step();
+    third->stream().synchronize();
+    straight->stream().synchronize();
+    CHECK(test::params_bitwise_equal(straight_params, params));
+    CHECK(serialize_state_dict(straight->state_dict()) == serialize_state_dict(third->state_dict()));
+    std::remove(path.c_str());
+  }
+
+  TEST_CASE("state that exists before wrapping is offloaded at wrap time and kept bitwise") {
+    auto bare_params = test::swap_model(8), params = test::swap_model(8);
+    auto bare = make_muon(bare_params);
+    auto inner = make_muon(params);
+    test::set_swap_grads(bare_params, 1);
+    test::set_swap_grads(params, 1);
+    bare->step();
+    inner->step();  // momentum now lives on the device
+    inner->stream().synchronize();
+    bare->stream().synchronize();  // the allocator counts every stream's memory
+    const MemoryStats before = memory_stats(Device::cpu());
+    auto swapped = swap_muon(*inner, config_of(2, false));
+    size_t offloaded = 0;
+    for (const auto& slot : swapped->runtime().slots()) {
+      CHECK(slot->device.is_released());
+      offloaded += slot->created ? slot->nbytes() : 0;
+    }
+    CHECK(offloaded > 0);
+    CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes - offloaded);
+    for (int step = 2; step <= 4; ++step) {
+      test::set_swap_grads(bare_params, step);
+      test::set_swap_grads(params, step);
+      bare->step();
+      swapped->step();
+    }
+    CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    CHECK(test::params_bitwise_equal(bare_params, params));
+  }
+
+  TEST_CASE("resident optimizer bytes: none between steps, at most two batches in flight during a step") {
+    for (bool packed : {false, true}) {
+      CAPTURE(packed);
+      auto params = test::swap_model(9);
+      auto muon = make_muon(params);
+      auto swapped = swap_muon(*muon, config_of(4, packed));
+      // Device bytes between steps, less the gradients (which differ from step to step).
+      auto state_and_params = [&] {
+        size_t grads = 0;
+        for (const ParamPtr& p : params) grads += p->grad.defined() ? p->grad.nbytes() : 0;
+        return memory_stats(Device::cpu()).current_bytes - grads;
+      };
+      test::set_swap_grads(params, 1);
+      swapped->step();
+      muon->stream().synchronize();
+      const size_t between_steps = state_and_params();
+      for (int step = 2; step <= 4; ++step) {
+        test::set_swap_grads(params, step);
+        // The bound, from the slots themselves: the largest two consecutive batches (unpacked), or
+        // the largest batch of each parity (packed: two staging arenas).
+        std::vector<UpdateUnit> units = swapped->adapter().plan_units(false);
+        swapped->runtime().attach_slots(units, *muon, false);
+        const std::vector<size_t> sizes =
+            PipelineSwapRuntime::partition(swapped->adapter().partition_costs(units), swapped->runtime().config().swap_times);
+        std::vector<size_t> batch_bytes;
+        size_t at = 0;
+        for (size_t n : sizes) {
+          size_t bytes = 0;
+          for (size_t u = at; u < at + n; ++u)
+            for (const SwapSlot* s : units[u].slots) bytes += s->nbytes();
+          batch_bytes.push_back(bytes);
+          at += n;
+        }
+        size_t bound = 0;
+        if (!packed) {
+          for (size_t i = 0; i < batch_bytes.size(); ++i)
+            bound = std::max(bound, batch_bytes[i] + (i + 1 < batch_bytes.size() ? batch_bytes[i + 1] : 0));
+        } else {
+          bound = swapped->runtime().resident_bytes_needed(units, sizes);
+          size_t largest_even = 0, largest_odd = 0;
+          for (size_t i = 0; i < batch_bytes.size(); ++i) (i % 2 ? largest_odd : largest_even) = std::max(i % 2 ? largest_odd : largest_even, batch_bytes[i]);
+          CHECK(bound <= largest_even + largest_odd + 2 * 64 * 8);  // ranges add at most alignment padding
+        }
+        swapped->step();
+        const SwapStepReport report = swapped->last_report();
+        CHECK(report.batches == int(sizes.size()));
+        CHECK(report.peak_resident_bytes > 0);
+        CHECK(report.peak_resident_bytes <= bound);
+        CHECK(state_and_params() == between_steps);
+        for (const auto& slot : swapped->runtime().slots()) CHECK((slot->device.is_released() || !slot->created));
+      }
+    }
+  }
+
+  TEST_CASE("host side: pinned mirrors allocated once, no stream or event creation after the first step") {
+    auto params = test::swap_model(10);
+    auto muon = make_muon(params);
+    auto swapped = swap_muon(*muon, config_of(3, true));
+    const MemoryStats pinned_after_wrap = pinned_host_allocator().stats();
+    CHECK(swapped->runtime().pinned_bytes() <= size_t(1.05 * double(swapped->runtime().slot_bytes())));
+    test::set_swap_grads(params, 1);
+    swapped->step();
+    const HandleStats handles = handle_stats();
+    for (int step = 2; step <= 5; ++step) {
+      test::set_swap_grads(params, step);
+      swapped->step();
+    }
+    muon->stream().synchronize();
+    CHECK(pinned_host_allocator().stats().allocations == pinned_after_wrap.allocations);
+    CHECK(handle_stats().streams_created == handles.streams_created);
+    CHECK(handle_stats().events_created == handles.events_created);
+    const SwapStepReport report = swapped->last_report();
+    CHECK(report.h2d_bytes > 0);
+    CHECK(report.h2d_bytes == report.d2h_bytes);
+    CHECK(report.exposed_wait_ms >= 0.0);
+  }
+
+  TEST_CASE("partition follows the reference's balanced rule") {
+    CHECK(PipelineSwapRuntime::partition({0, 0, 0, 0}, 2) == std::vector<size_t>{2, 2});
+    CHECK(PipelineSwapRuntime::partition({512, 16, 16}, 2) == std::vector<size_t>{1, 2});
+    CHECK(PipelineSwapRuntime::partition({1, 1, 1}, 16) == std::vector<size_t>{1, 1, 1});
+    CHECK(PipelineSwapRuntime::partition({5, 5, 5, 5, 5, 5}, 3) == std::vector<size_t>{2, 2, 2});
+    CHECK(PipelineSwapRuntime::partition({100, 1, 1, 1, 1}, 4) == std::vector<size_t>{1, 1, 1, 2});
+    CHECK(PipelineSwapRuntime::partition({}, 4).empty());
+  }
+
+  TEST_CASE("the exact copy/compute call sequence for 1, 2 and 5 batches, packed and not") {
+    const std::map<std::pair<int, bool>, std::vector<std::string>> expected = {
+        {{1, false}, {"h2d 0", "wait_ready 0", "step 0", "d2h 0", "wait_offload 0"}},
+        {{1, true}, {"h2d 0", "wait_ready 0", "step 0", "d2h 0", "wait_offload 0"}},
+        {{2, false},
+         {"h2d 0", "wait_ready 0", "h2d 1", "step 0", "d2h 0", "wait_ready 1", "wait_offload 0", "step 1", "d2h 1",
+          "wait_offload 1"}},
+        {{2, true},
+         {"h2d 0", "h2d 1", "wait_ready 0", "step 0", "d2h 0", "wait_ready 1", "step 1", "d2h 1", "wait_offload 0",
+          "wait_offload 1"}},
+        {{5, false},
+         {"h2d 0", "wait_ready 0", "h2d 1", "step 0", "d2h 0", "wait_ready 1", "wait_offload 0", "h2d 2", "step 1", "d2h 1",
+          "wait_ready 2", "wait_offload 1", "h2d 3", "step 2", "d2h 2", "wait_ready 3", "wait_offload 2", "h2d 4", "step 3",
+          "d2h 3", "wait_ready 4", "wait_offload 3", "step 4", "d2h 4", "wait_offload 4"}},
+        {{5, true},
+         {"h2d 0", "h2d 1", "wait_ready 0", "step 0", "d2h 0", "h2d 2", "wait_ready 1", "step 1", "d2h 1", "h2d 3",
+          "wait_ready 2", "wait_offload 0", "step 2", "d2h 2", "h2d 4", "wait_ready 3", "wait_offload 1", "step 3", "d2h 3",
+          "wait_ready 4", "wait_offload 2", "step 4", "d2h 4", "wait_offload 3", "wait_offload 4"}},
+    };
+    for (const auto& [key, want] : expected) {
+      CAPTURE(key.first);
+      CAPTURE(key.second);
+      auto params = test::swap_model(12);
+      auto adamw = make_adamw(params);
+      auto swapped = swap_adamw(*adamw, config_of(key.first, key.second));
+      std::vector<std::string> seen;
+      swapped->runtime().set_trace([&](const std::string& e) { seen.push_back(e); });
+      test::set_swap_grads(params, 2);  // 6 params with grads: 6 units
+      swapped->step();
+      CHECK(seen == want);
+    }
+  }
+
+  TEST_CASE("packed mode drains batch 0 before batch 2 runs in its arena") {
+    auto params = test::swap_model(13);
+    auto adamw = make_adamw(params);
+    auto swapped = swap_adamw(*adamw, config_of(5, true));
+    std::vector<std::string> seen;
+    swapped->runtime().set_trace([&](const std::string& e) { seen.push_back(e); });
+    test::set_swap_grads(params, 2);
+    swapped->step();
+    const auto at = [&](const std::string& e) { return std::find(seen.begin(), seen.end(), e) - seen.begin(); };
+    CHECK(at("d2h 0") < at("h2d 2"));
+    CHECK(at("wait_offload 0") < at("step 2"));
+  }
+
+  TEST_CASE("a throwing post_update_fn: every transfer drained, slots host-resident and consistent, next step works") {
+    for (bool packed : {true, false}) {
+      CAPTURE(packed);
+      int calls = 0;
+      auto thrower = [&calls](Stream&, Param&, const Tensor&, const PostUpdateContext& c) {
+        if (c.step == 2 && c.name == "attn.q" && calls++ == 0) throw Error("post_update_fn failed");
+      };
+      int bare_calls = 0;
+      auto bare_thrower = [&bare_calls](Stream&, Param&, const Tensor&, const PostUpdateContext& c) {
+        if (c.step == 2 && c.name == "attn.q" && bare_calls++ == 0) throw Error("post_update_fn failed");
+      };
+      auto bare_params = test::swap_model(14), params = test::swap_model(14);
+      auto bare = make_muon(bare_params, MuonHooks{nullptr, nullptr, bare_thrower});
+      auto inner = make_muon(params, MuonHooks{nullptr, nullptr, thrower});
+      auto swapped = swap_muon(*inner, config_of(4, packed));
+      for (int step = 1; step <= 4; ++step) {
+        test::set_swap_grads(bare_params, step);
+        test::set_swap_grads(params, step);
+        if (step == 2) {
+          CHECK_THROWS_WITH_AS(bare->step(), "post_update_fn failed", Error);
+          CHECK_THROWS_WITH_AS(swapped->step(), "post_update_fn failed", Error);
+          for (const auto& slot : swapped->runtime().slots()) {
+            CHECK(slot->state == SlotState::host);
+            CHECK((slot->device.is_released() || !slot->created));
+          }
+          // Group 0 ran before the throw (new state), group 1 never did (old state): as bare.
+          CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+        } else {
+          bare->step();
+          swapped->step();
+        }
+      }
+      bare->stream().synchronize();
+      inner->stream().synchronize();
+      CHECK(test::params_bitwise_equal(bare_params, params));
+      CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    }
+  }
+
+  TEST_CASE("prefetch_early: used when the plan holds, redone when a gradient is missing; bitwise either way") {
+    for (bool packed : {true, false}) {
+      CAPTURE(packed);
+      auto bare_params = test::swap_model(15), params = test::swap_model(15);
+      auto bare = make_muon(bare_params);
+      auto inner = make_muon(params);
+      auto swapped = swap_muon(*inner, config_of(3, packed));
+      for (int step = 1; step <= 6; ++step) {
+        if (step > 1) swapped->prefetch_early();  // before the gradients exist
+        // Steps 5 and 6 give every param a gradient, so the early plan holds.
+        if (step >= 5) {
+          for (size_t i = 0; i < params.size(); ++i) {
+            params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, 900 + uint32_t(step * 10 + i));
+            bare_params[i]->grad = params[i]->grad.clone();
+          }
+        } else {
+          test::set_swap_grads(bare_params, step);
+          test::set_swap_grads(params, step);
+        }
+        bare->step();
+        swapped->step();
+        const SwapStepReport report = swapped->last_report();
+        if (step == 6) CHECK(report.early_prefetch_used);
+        if (step == 2) CHECK_FALSE(report.early_prefetch_used);  // attn.o has no gradient at step 2
+        bare->stream().synchronize();
+        CHECK(test::params_bitwise_equal(bare_params, params));
+      }
+      CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    }
+  }
+
+  TEST_CASE("device budget chooses swap_times; impossible budgets name both sizes") {
+    auto params = test::swap_model(16);
+    auto muon = make_muon(params);
+    SwapConfig c;
+    c.packed = false;
+    c.device_budget_bytes = 64 * 48 * 4 * 2 + 96 * 40 * 4;  // roughly two of the largest units
+    auto swapped = swap_muon(*muon, c);
+    test::set_swap_grads(params, 1);
+    swapped->step();
+    const SwapStepReport report = swapped->last_report();
+    CHECK(report.peak_resident_bytes <= *c.device_budget_bytes);
+    CHECK(report.batches > 1);
+
+    auto params2 = test::swap_model(16);
+    auto muon2 = make_muon(params2);
+    c.device_budget_bytes = 1000;
+    auto tiny = swap_muon(*muon2, c);
+    test::set_swap_grads(params2, 1);
+    CHECK_THROWS_WITH_AS(tiny->step(), "[swap] device_budget_bytes 1000 is below the largest update unit (20480 bytes of state)",
+                         Error);
+    auto params3 = test::swap_model(16);
+    auto muon3 = make_muon(params3);
+    c.device_budget_bytes = 20480 + 100;
+    auto tight = swap_muon(*muon3, c);
+    test::set_swap_grads(params3, 1);
+    CHECK_THROWS_WITH_AS(tight->step(),
+                         "[swap] device_budget_bytes 20580 cannot hold two batches in flight: the double-buffered pipeline needs "
+                         "at least 32768 bytes",
+                         Error);
+  }
+
+  TEST_CASE("swap configuration errors are named") {
+    auto params = test::swap_model(17);
+    auto muon = make_muon(params);
+    SwapConfig c;
+    c.swap_times = 0;
+    CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] swap_times must be positive, got 0", Error);
+    c = {};
+    c.min_numel = -1;
+    CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] min_numel must be non-negative, got -1", Error);
+    c = {};
+    c.state_keys = std::vector<std::string>{"momentum_buffer", "exp_avg"};
+    CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state keys [exp_avg] are not Muon state; Muon swaps only [momentum_buffer]",
+                         Error);
+    MuonHooks hooks;
+    hooks.momentum_update_fn = [](Stream&, const std::vector<Tensor>& g, const std::vector<Tensor>&, float, float, bool) { return g; };
+    auto custom = make_muon(params, hooks);
+    CHECK_THROWS_WITH_AS(swap_muon(*custom, {}),
+                         "[swap] Muon swap does not support momentum_update_fn: batching changes the boundary of its calls", Error);
+    auto strided = make_muon(params);
+    test::set_swap_grads(params, 1);
+    strided->step();
+    strided->stream().synchronize();
+    Tensor& buf = strided->state().at(params[0].get()).tensors.at("momentum_buffer");
+    buf = Tensor::zeros({48, 64}, DType::f32, Device::cpu()).transpose(0, 1);
+    CHECK_THROWS_WITH_AS(swap_muon(*strided, {}),
+                         "[swap] state 'momentum_buffer' of 'attn.q' must be dense, contiguous and own exactly its bytes to be "
+                         "swapped, got Tensor(f32, [64, 48], cpu)",
+                         Error);
+  }
+}
