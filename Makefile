@@ -5,7 +5,7 @@ MESON_ARGS ?=
 # nvcc lives here on the CUDA images; with it on PATH the CUDA backend is built (cuda=auto).
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: deps configure build demo test clean
+.PHONY: deps configure build demo test bench clean
 
 deps:
 	@scripts/install-deps.sh
@@ -19,7 +19,14 @@ build: configure
 	ninja -C $(BUILD)
 
 demo: build
-	$(BUILD)/examples/swapopt-smoke
+	$(BUILD)/examples/swapopt-train
+
+# Benchmarks: JSON lines under $(BUILD)/bench-results, plots next to them (see docs/benchmarks.md).
+bench: build
+	scripts/install-deps.sh gnuplot-nox
+	mkdir -p $(BUILD)/bench-results
+	for b in ns momentum swap step adamw; do $(BUILD)/bench/swapopt-bench $$b > $(BUILD)/bench-results/$$b.jsonl || exit 1; done
+	python3 bench/plot.py $(BUILD)/bench-results $(BUILD)/bench-results/*.jsonl
 
 test: build
 	$(BUILD)/tests/swapopt-tests

@@ -1,6 +1,7 @@
 #pragma once
 /** Umbrella header: everything a trainer needs. */
 
+#include "swapopt/comm/communicator.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/device.h"
 #include "swapopt/core/device_mesh.h"

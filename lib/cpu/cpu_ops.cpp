@@ -93,8 +93,12 @@ void gemm_now(const MatrixArg& a, bool trans_a, const MatrixArg& b, bool trans_b
   }
 }
 
+/** Elementwise f32 loops at least this long are split over the OpenMP threads (each element is
+ *  independent, so the split never changes the bits). */
+constexpr size_t kParallelElements = size_t(1) << 16;
+
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
-constexpr int64_t kSyrkBlock = 128;
+constexpr int64_t kSyrkBlock = 64;
 
 void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha, float beta) {
   const MatrixLayout &la = a.layout, &lc = c.layout;
@@ -105,9 +109,15 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
     ConstMatrixMap ma(fa.data, la.rows, la.cols, Eigen::OuterStride<>(fa.ld));
     float* out = output_f32(c, batch, beta, c_scratch);
     MatrixMap mc(out, m, m, Eigen::OuterStride<>(c.dtype == DType::f32 ? lc.ld : lc.cols));
-    // Lower triangle by row blocks (each a GEMM on Eigen's threads), then mirror it: about half
-    // the flops of the full product.
-    for (int64_t r0 = 0; r0 < m; r0 += kSyrkBlock) {
+    // Lower triangle by row blocks, then mirror it: about half the flops of the full product. The
+    // blocks are independent GEMMs of growing width, spread over the OpenMP threads dynamically
+    // (each one single-threaded: Eigen does not nest its own threads inside a parallel region).
+    // Every element is computed by one block whatever the thread count, so the bits do not depend
+    // on the schedule.
+    const int64_t blocks = (m + kSyrkBlock - 1) / kSyrkBlock;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bi = blocks - 1; bi >= 0; --bi) {  // widest first
+      const int64_t r0 = bi * kSyrkBlock;
       const int64_t rows = std::min(kSyrkBlock, m - r0), cols = r0 + rows;
       auto block = mc.block(r0, 0, rows, cols);
       if (beta != 0.f && beta != 1.f) block *= beta;
@@ -177,8 +187,10 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
       const float* xv = static_cast<const float*>(xb);
       float* yv = static_cast<float*>(yb);
       if (beta == 0.f) {
+#pragma omp parallel for simd if (n >= kParallelElements)
         for (size_t i = 0; i < n; ++i) yv[i] = alpha * xv[i];
       } else {
+#pragma omp parallel for simd if (n >= kParallelElements)
         for (size_t i = 0; i < n; ++i) yv[i] = alpha * xv[i] + beta * yv[i];
       }
       return;

@@ -9,6 +9,12 @@
 namespace swapopt::cpu {
 
 // Addresses are read at enqueue time and storages held until the work has run, as in cpu_ops.cpp.
+// The f32 loops are split over the OpenMP threads when large: every element is independent, so
+// the bits do not depend on the split.
+
+namespace {
+constexpr size_t kParallelElements = size_t(1) << 16;
+}  // namespace
 
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
                    bool nesterov) {
@@ -19,6 +25,19 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
   void* ub = update.data_ptr();
   const DType gd = grad.dtype(), bd = buf.dtype(), ud = update.dtype();
   stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 3>{grad.storage(), buf.storage(), update.storage()}] {
+    if (gd == DType::f32 && bd == DType::f32 && ud == DType::f32) {  // the common case, vectorised
+      const float* gv = static_cast<const float*>(gb);
+      float* bv = static_cast<float*>(bb);
+      float* uv = static_cast<float*>(ub);
+#pragma omp parallel for simd if (n >= kParallelElements)
+      for (size_t i = 0; i < n; ++i) {
+        const float g = gv[i], b = bv[i];
+        const float u = g + m1 * b;
+        bv[i] = m2 * b + g;
+        uv[i] = nesterov ? m1 * u + g : u;
+      }
+      return;
+    }
     for (size_t i = 0; i < n; ++i) {
       const float g = load_as_float(gb, i, gd);
       const float b = load_as_float(bb, i, bd);
@@ -42,6 +61,20 @@ void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const
   const DType pd = param.dtype(), gd = grad.dtype();
   stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 5>{param.storage(), grad.storage(), exp_avg.storage(),
                                                              exp_avg_sq.storage(), max_exp_avg_sq.storage()}] {
+    if (pd == DType::f32 && gd == DType::f32 && vmax == nullptr) {  // the common case, vectorised
+      float* pv = static_cast<float*>(pb);
+      const float* gv = static_cast<const float*>(gb);
+#pragma omp parallel for simd if (n >= kParallelElements)
+      for (size_t i = 0; i < n; ++i) {
+        const float g = gv[i];
+        const float w = k.one_minus_beta1;
+        m[i] = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.f - w);
+        v[i] = v[i] * k.beta2 + (k.one_minus_beta2 * g) * g;
+        const float denom = std::sqrt(v[i]) / k.bias_correction2_sqrt + k.eps;
+        pv[i] = pv[i] * k.decay + k.neg_step_size * (m[i] / denom);
+      }
+      return;
+    }
     for (size_t i = 0; i < n; ++i) {
       const float g = load_as_float(gb, i, gd);
       float p = load_as_float(pb, i, pd) * k.decay;

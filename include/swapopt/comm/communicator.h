@@ -1,0 +1,64 @@
+#pragma once
+/** Collectives over a group of ranks, asynchronous with work handles. NCCL on CUDA, Gloo on the CPU. */
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "swapopt/core/tensor.h"
+
+namespace swapopt {
+
+/** A collective in flight. wait() blocks until it completed and rethrows its error. */
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+/** Ranks 0..size()-1 of one group. Every rank must issue the same collectives in the same order;
+ *  each collective fails with "[comm] <collective> on rank R: ..." when a peer is gone or the
+ *  timeout passes, never hangs. Tensors are contiguous; the caller keeps them alive until wait(). */
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /** "gloo" or "nccl". */
+  virtual std::string backend() const = 0;
+
+  /** tensor on every rank = tensor on `root`. */
+  virtual WorkPtr broadcast(const Tensor& tensor, int root) = 0;
+  /** out = concat over ranks of `in` (out has size() * in.numel() elements). */
+  virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
+  /** out = this rank's chunk of the elementwise sum of `in` over ranks (in has size() * out.numel()). */
+  virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) = 0;
+  /** tensor = elementwise sum over ranks. */
+  virtual WorkPtr all_reduce(const Tensor& tensor) = 0;
+  /** Returns when every rank has reached it. */
+  virtual void barrier() = 0;
+  /** A communicator over `ranks` (ranks of this group, ascending, this rank among them); every rank
+   *  of `ranks` must call it with the same list, `name` unique per group. */
+  virtual std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) = 0;
+};
+
+/** How ranks find each other, like torchrun: RANK, WORLD_SIZE, LOCAL_RANK, plus either
+ *  SWAPOPT_RENDEZVOUS (a directory on a filesystem every rank sees) or SWAPOPT_REDIS ("host:port"). */
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string rendezvous_dir;  // FileStore
+  std::string redis;           // "host:port"; takes precedence over rendezvous_dir
+  std::chrono::milliseconds timeout{30000};
+
+  /** Reads the variables above (and SWAPOPT_TIMEOUT_MS); throws naming a missing or bad one. */
+  static LaunchEnv from_environment();
+};
+
+/** The Gloo (TCP) communicator of all ranks of `env`. */
+std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env);
+
+}  // namespace swapopt

@@ -1,0 +1,216 @@
+// Gloo over TCP: rendezvous through a FileStore (one host or a shared filesystem) or a RedisStore
+// (many hosts). Collectives run in issue order on one worker thread per communicator, so a Work
+// handle is asynchronous while every rank still sees the same order.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/redis_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+
+#include "../cpu/cpu_stream.h"
+#include "swapopt/comm/communicator.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+namespace {
+
+/** The shared pieces every group of one job uses: the store and the TCP device. */
+struct GlooWorld {
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::chrono::milliseconds timeout;
+};
+
+class GlooWork final : public Work {
+ public:
+  void finish(std::exception_ptr error) {
+    error_ = error;
+    mark_.signal();
+  }
+  void wait() override {
+    mark_.wait();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  cpu::CompletionMark mark_;
+  std::exception_ptr error_;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<GlooWorld> world, int rank, int size, const std::string& name)
+      : world_(std::move(world)), rank_(rank), size_(size) {
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context_->setTimeout(world_->timeout);
+    gloo::rendezvous::PrefixStore prefixed(name, *world_->store);
+    try {
+      context_->connectFullMesh(prefixed, world_->device);
+    } catch (const std::exception& e) {
+      SWAPOPT_FAIL("[comm] rendezvous of group '" << name << "' on rank " << rank << ": " << e.what());
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  WorkPtr broadcast(const Tensor& tensor, int root) override {
+    check(tensor, "broadcast");
+    SWAPOPT_CHECK(root >= 0 && root < size_, "[comm] broadcast root " << root << " outside group of " << size_);
+    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+    const size_t n = tensor.nbytes();
+    return submit("broadcast", [this, data, n, root] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(data, n);
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      opts.setTimeout(world_->timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
+    check(in, "all_gather");
+    check(out, "all_gather");
+    SWAPOPT_CHECK(out.nbytes() == in.nbytes() * size_t(size_) && in.dtype() == out.dtype(),
+                  "[comm] all_gather output " << out.str() << " must hold " << size_ << " x " << in.str());
+    auto* src = static_cast<uint8_t*>(in.data_ptr());
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    const size_t n = in.nbytes();
+    return submit("all_gather", [this, src, dst, n] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(src, n);
+      opts.setOutput(dst, n * size_t(size_));
+      opts.setTag(next_tag());
+      opts.setTimeout(world_->timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  WorkPtr all_reduce(const Tensor& tensor) override {
+    check(tensor, "all_reduce");
+    SWAPOPT_CHECK(tensor.dtype() == DType::f32, "[comm] all_reduce sums f32 tensors, got " << tensor.str());
+    float* data = tensor.data<float>();
+    const size_t n = size_t(tensor.numel());
+    return submit("all_reduce", [this, data, n] { sum_in_place(data, n); });
+  }
+
+  // Gloo's reduce-scatter algorithms take per-rank counts and buffers; an all-reduce into a
+  // scratch copy, keeping this rank's chunk, is simpler and moves 2x the bytes (fine on the CPU).
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override {
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    SWAPOPT_CHECK(in.dtype() == DType::f32 && out.dtype() == DType::f32 && in.numel() == out.numel() * size_,
+                  "[comm] reduce_scatter: f32 input of " << size_ << " x the output's elements, got " << in.str() << " -> "
+                                                         << out.str());
+    const float* src = in.data<float>();
+    float* dst = out.data<float>();
+    const size_t chunk = size_t(out.numel());
+    return submit("reduce_scatter", [this, src, dst, chunk] {
+      std::vector<float> scratch(src, src + chunk * size_t(size_));
+      sum_in_place(scratch.data(), scratch.size());
+      std::memcpy(dst, scratch.data() + chunk * size_t(rank_), chunk * sizeof(float));
+    });
+  }
+
+  void barrier() override {
+    submit("barrier", [this] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setTimeout(world_->timeout);
+      gloo::barrier(opts);
+    })->wait();
+  }
+
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
+    int sub_rank = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      SWAPOPT_CHECK(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
+                    "[comm] sub_group '" << name << "' needs ascending ranks of a group of " << size_);
+      if (ranks[i] == rank_) sub_rank = int(i);
+    }
+    SWAPOPT_CHECK(sub_rank >= 0, "[comm] rank " << rank_ << " is not in sub_group '" << name << "'");
+    return std::make_unique<GlooCommunicator>(world_, sub_rank, int(ranks.size()), name);
+  }
+
+ private:
+  void check(const Tensor& t, const char* op) const {
+    SWAPOPT_CHECK(t.device().is_cpu() && t.is_contiguous(),
+                  "[comm] " << op << " on gloo needs contiguous CPU tensors, got " << t.str());
+  }
+
+  void sum_in_place(float* data, size_t n) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setTag(next_tag());
+    opts.setTimeout(world_->timeout);
+    gloo::allreduce(opts);
+  }
+
+  uint32_t next_tag() { return tag_++; }
+
+  /** Runs `fn` on the worker in issue order; its failure names the collective and this rank. */
+  WorkPtr submit(const char* collective, std::function<void()> fn) {
+    auto work = std::make_shared<GlooWork>();
+    const int rank = rank_;
+    worker_.push(
+        [work, fn = std::move(fn), collective, rank] {
+          try {
+            fn();
+            work->finish(nullptr);
+          } catch (const std::exception& e) {
+            work->finish(std::make_exception_ptr(Error(std::string("[comm] ") + collective + " on rank " +
+                                                       std::to_string(rank) + ": " + e.what())));
+          }
+        },
+        true);
+    return work;
+  }
+
+  std::shared_ptr<GlooWorld> world_;
+  int rank_;
+  int size_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t tag_ = 0;  // only the worker thread touches it
+  cpu::CpuStream worker_;  // last: joined first on destruction, while the context still exists
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
+  auto world = std::make_shared<GlooWorld>();
+  world->timeout = env.timeout;
+  try {
+    if (!env.redis.empty()) {
+      const size_t colon = env.redis.rfind(':');
+      SWAPOPT_CHECK(colon != std::string::npos, "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
+      world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon),
+                                                                    std::stoi(env.redis.substr(colon + 1)));
+    } else {
+      world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
+    }
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    if (const char* host = std::getenv("SWAPOPT_HOSTNAME")) attr.hostname = host;
+    world->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    SWAPOPT_FAIL("[comm] gloo setup on rank " << env.rank << ": " << e.what());
+  }
+  return std::make_unique<GlooCommunicator>(world, env.rank, env.world_size, "world");
+}
+
+}  // namespace swapopt

@@ -1,0 +1,41 @@
+#include <cstdlib>
+#include <string>
+
+#include "swapopt/comm/communicator.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+namespace {
+
+int int_var(const char* name, bool required, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') {
+    SWAPOPT_CHECK(!required, "[comm] environment variable " << name << " is not set");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  SWAPOPT_CHECK(end != text && *end == '\0' && value >= 0 && value < (1L << 30),
+                "[comm] environment variable " << name << "='" << text << "' is not a non-negative integer");
+  return int(value);
+}
+
+}  // namespace
+
+LaunchEnv LaunchEnv::from_environment() {
+  LaunchEnv env;
+  env.rank = int_var("RANK", true, 0);
+  env.world_size = int_var("WORLD_SIZE", true, 1);
+  env.local_rank = int_var("LOCAL_RANK", false, env.rank);
+  env.timeout = std::chrono::milliseconds(int_var("SWAPOPT_TIMEOUT_MS", false, 30000));
+  if (const char* redis = std::getenv("SWAPOPT_REDIS")) env.redis = redis;
+  if (const char* dir = std::getenv("SWAPOPT_RENDEZVOUS")) env.rendezvous_dir = dir;
+  SWAPOPT_CHECK(env.world_size >= 1 && env.rank < env.world_size,
+                "[comm] RANK " << env.rank << " is outside WORLD_SIZE " << env.world_size);
+  SWAPOPT_CHECK(!env.redis.empty() || !env.rendezvous_dir.empty(),
+                "[comm] set SWAPOPT_RENDEZVOUS (a shared directory) or SWAPOPT_REDIS (host:port) for the rendezvous");
+  return env;
+}
+
+}  // namespace swapopt

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds tests/consumer/main.cpp two ways a trainer would: with swapopt as a Meson subproject, and
+# against an installed swapopt found through pkg-config. Prints "tests: N passed, M failed, 0 skipped".
+# Usage: tests/consumer/run.sh BUILD_DIR   (an already built swapopt build directory to install)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$(cd "$1" && pwd)
+work=$(mktemp -d)
+passed=0
+failed=0
+check() {  # name, command...
+  local name=$1
+  shift
+  if "$@"; then passed=$((passed + 1)); echo "consumer $name: ok"; else failed=$((failed + 1)); echo "consumer $name: FAILED"; fi
+}
+
+# 1. Subproject: a copy of the consumer with subprojects/swapopt pointing at this tree.
+cp -r "$here/subproject" "$work/subproject"
+cp "$here/main.cpp" "$work/main.cpp"
+mkdir -p "$work/subproject/subprojects"
+ln -s "$root" "$work/subproject/subprojects/swapopt"
+sub() {
+  meson setup "$work/subproject/build" "$work/subproject" >"$work/sub.log" 2>&1 &&
+    ninja -C "$work/subproject/build" >>"$work/sub.log" 2>&1 &&
+    "$work/subproject/build/consumer"
+}
+check subproject sub || tail -20 "$work/sub.log"
+
+# 2. Installed: meson install into a staging root, found through pkg-config.
+cp -r "$here/pkgconfig" "$work/pkgconfig"
+installed() {
+  DESTDIR="$work/root" meson install -C "$build" --no-rebuild >"$work/install.log" 2>&1 || return 1
+  local pc
+  pc=$(dirname "$(find "$work/root" -name swapopt.pc | head -1)")
+  local lib
+  lib=$(dirname "$(find "$work/root" -name 'libswapopt.so' | head -1)")
+  PKG_CONFIG_PATH="$pc" PKG_CONFIG_SYSROOT_DIR="$work/root" meson setup "$work/pkgconfig/build" "$work/pkgconfig" \
+    >"$work/pkg.log" 2>&1 &&
+    ninja -C "$work/pkgconfig/build" >>"$work/pkg.log" 2>&1 &&
+    LD_LIBRARY_PATH="$lib" "$work/pkgconfig/build/consumer"
+}
+check pkg-config installed || tail -20 "$work/pkg.log" "$work/install.log"
+
+rm -rf "$work"
+echo "tests: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,77 @@
+// Multi-process tests: each case launches swapopt-mp-worker once per rank on loopback.
+#include <cstdlib>
+#include <thread>
+
+#include "mp/launcher.h"
+#include "test_util.h"
+
+using namespace swapopt;
+
+namespace {
+
+void expect_all_ok(const test::LaunchResult& r) {
+  CHECK_FALSE(r.timed_out);
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(r.ranks[i].output);
+    CHECK(r.ranks[i].exit_code == 0);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("mp") {
+  TEST_CASE("gloo collectives on 2 and 4 ranks (FileStore rendezvous), sub-groups of a 2x2 mesh") {
+    for (int n : {2, 4}) {
+      CAPTURE(n);
+      const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+      expect_all_ok(test::launch_ranks(n, {SWAPOPT_MP_WORKER, "collectives"}, {{"SWAPOPT_RENDEZVOUS", dir}},
+                                       std::chrono::seconds(60)));
+      std::system(("rm -rf " + dir).c_str());
+    }
+  }
+
+  TEST_CASE("a dead rank: the others fail with the named error within the timeout") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    const auto r = test::launch_ranks(3, {SWAPOPT_MP_WORKER, "dead_rank"},
+                                      {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "3000"}}, std::chrono::seconds(30));
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.seconds < 20.0);
+    for (int i = 0; i < 2; ++i) {
+      CAPTURE(r.ranks[size_t(i)].output);
+      CHECK(r.ranks[size_t(i)].exit_code == 0);  // it saw the named error
+      CHECK(r.ranks[size_t(i)].output.find("named error: [comm] all_reduce on rank " + std::to_string(i)) != std::string::npos);
+    }
+    CHECK(r.ranks[2].exit_code == 3);
+    std::system(("rm -rf " + dir).c_str());
+  }
+
+  TEST_CASE("rendezvous through a real Redis server on loopback" * doctest::skip(std::system("command -v redis-server >/dev/null 2>&1") != 0)) {
+    const int port = 16379 + int(::getpid() % 1000);
+    const std::string dir = test::make_temp_dir("swapopt_redis_");
+    const std::string start = "redis-server --port " + std::to_string(port) + " --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --dir " +
+                              dir + " --pidfile " + dir + "/redis.pid --logfile " + dir + "/redis.log";
+    REQUIRE(std::system(start.c_str()) == 0);
+    for (int i = 0; i < 100 && std::system(("redis-cli -p " + std::to_string(port) + " ping >/dev/null 2>&1").c_str()) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    expect_all_ok(test::launch_ranks(2, {SWAPOPT_MP_WORKER, "collectives"}, {{"SWAPOPT_REDIS", "127.0.0.1:" + std::to_string(port)}},
+                                     std::chrono::seconds(60)));
+    std::system(("redis-cli -p " + std::to_string(port) + " shutdown nosave >/dev/null 2>&1").c_str());
+    std::system(("rm -rf " + dir).c_str());
+  }
+
+  TEST_CASE("launch environment errors are named") {
+    ::unsetenv("RANK");
+    CHECK_THROWS_WITH_AS(LaunchEnv::from_environment(), "[comm] environment variable RANK is not set", Error);
+    ::setenv("RANK", "x", 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    CHECK_THROWS_WITH_AS(LaunchEnv::from_environment(), "[comm] environment variable RANK='x' is not a non-negative integer", Error);
+    ::setenv("RANK", "1", 1);
+    ::unsetenv("SWAPOPT_RENDEZVOUS");
+    ::unsetenv("SWAPOPT_REDIS");
+    CHECK_THROWS_WITH_AS(LaunchEnv::from_environment(),
+                         "[comm] set SWAPOPT_RENDEZVOUS (a shared directory) or SWAPOPT_REDIS (host:port) for the rendezvous", Error);
+    ::unsetenv("RANK");
+    ::unsetenv("WORLD_SIZE");
+  }
+}
