@@ -1,5 +1,6 @@
 #include "swapopt/optim/muon.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "json.h"
@@ -189,15 +190,77 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
     hooks_.post_update_fn(stream_, *p, p->data, {p->name, p->logical_shape(), o.lr, o.weight_decay, groups_[group].step});
 }
 
+void Muon::update_params(size_t group, const std::vector<Param*>& params) {
+  for (const std::vector<Param*>& shape_group : group_by_shape(params))
+    for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))
+      process_unsharded_batch(group, batch, update_momentum(group, batch));
+}
+
+std::vector<Param*> Muon::local_params(size_t group) const {
+  std::vector<Param*> out;
+  for (const ParamPtr& p : groups_.at(group).params) {
+    bool in_assignment = false;
+    if (hsdp_enabled())
+      for (const HsdpAssignment& a : assignments_.at(group))
+        in_assignment = in_assignment || std::find(a.params.begin(), a.params.end(), p.get()) != a.params.end();
+    if (!in_assignment) out.push_back(p.get());
+  }
+  return out;
+}
+
+const std::vector<HsdpAssignment>& Muon::hsdp_assignments(size_t group) const {
+  static const std::vector<HsdpAssignment> none;
+  return hsdp_enabled() ? assignments_.at(group) : none;
+}
+
+void Muon::enable_hsdp(std::shared_ptr<Communicator> replicas, int64_t cap_bytes) {
+  SWAPOPT_CHECK(replicas != nullptr, "[Muon] enable_hsdp needs a communicator");
+  SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
+  std::vector<std::vector<HsdpAssignment>> assignments;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<Param*> replicated;
+    for (const ParamPtr& p : groups_[g].params) {
+      if (!p->layout) continue;
+      SWAPOPT_CHECK(p->layout->shard_dims().empty(),
+                    "[Muon] sharded parameter '" << p->name << "' is not supported by HSDP Muon yet (replicated only)");
+      if (!p->layout->replicate_dims().empty()) replicated.push_back(p.get());
+    }
+    assignments.push_back(make_hsdp_assignments(g, replicated, replicas->size(), replicas->rank(), cap_bytes));
+  }
+  replicas_ = std::move(replicas);
+  assignments_ = std::move(assignments);
+}
+
+void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
+                             const std::vector<Param*>& owned_with_grad) {
+  run_post_update(assignment.group, owned_with_grad);
+  stream_.synchronize();  // the broadcasts read the owners' updated params
+  broadcaster.flush(assignment);
+}
+
 void Muon::step() {
   for (ParamGroup& g : groups_) g.step += 1;  // all groups first, as the reference does
   for (size_t g = 0; g < groups_.size(); ++g) {
-    const std::vector<Param*> params = params_with_grad(g);
-    for (const std::vector<Param*>& shape_group : group_by_shape(params))
-      for (const std::vector<Param*>& batch : split_into_memory_safe_batches(g, shape_group))
-        process_unsharded_batch(g, batch, update_momentum(g, batch));
+    std::vector<Param*> params;
+    for (Param* p : local_params(g))
+      if (p->has_grad()) params.push_back(p);
+    update_params(g, params);
     run_post_update(g, params);
   }
+  if (!hsdp_enabled()) return;
+  AsyncReplicateBroadcaster broadcaster(replicas_);
+  size_t rounds = 0;
+  for (const auto& a : assignments_) rounds = std::max(rounds, a.size());
+  for (size_t b = 0; b < rounds; ++b)
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (b >= assignments_[g].size()) continue;
+      std::vector<Param*> owned;
+      for (Param* p : assignments_[g][b].owned())
+        if (p->has_grad()) owned.push_back(p);
+      update_params(g, owned);
+      finish_assignment(assignments_[g][b], broadcaster, owned);
+    }
+  broadcaster.wait_all();
 }
 
 std::string Muon::group_options_json(size_t group) const {

@@ -1,5 +1,7 @@
 #include "swapopt/swap/muon_swap_adapter.h"
 
+#include <algorithm>
+
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -21,11 +23,8 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
   std::vector<UpdateUnit> units;
   for (size_t g = 0; g < muon_.param_groups().size(); ++g) {
     std::vector<Param*> params;
-    if (assume_all_grads) {
-      for (const ParamPtr& p : muon_.param_groups()[g].params) params.push_back(p.get());
-    } else {
-      params = muon_.params_with_grad(g);
-    }
+    for (Param* p : muon_.local_params(g))
+      if (assume_all_grads || p->has_grad()) params.push_back(p);
     const size_t first = units.size();
     for (const std::vector<Param*>& shape_group : muon_.group_by_shape(params))
       for (std::vector<Param*>& batch : muon_.split_into_memory_safe_batches(g, shape_group)) {
@@ -37,15 +36,43 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
       }
     if (units.size() > first) units.back().post_update_params = params;
   }
+  // HSDP: one unit per assignment (never split), in the bare step's order; its cost counts every
+  // param of the assignment, so all ranks cut the same batches whatever they own.
+  size_t rounds = 0;
+  for (size_t g = 0; g < muon_.param_groups().size(); ++g) rounds = std::max(rounds, muon_.hsdp_assignments(g).size());
+  for (size_t b = 0; b < rounds; ++b)
+    for (size_t g = 0; g < muon_.param_groups().size(); ++g) {
+      const auto& assignments = muon_.hsdp_assignments(g);
+      if (b >= assignments.size()) continue;
+      UpdateUnit unit;
+      unit.group = g;
+      unit.assignment = &assignments[b];
+      unit.logical_bytes = assignments[b].logical_bytes();
+      for (Param* p : assignments[b].owned())
+        if (assume_all_grads || p->has_grad()) unit.params.push_back(p);
+      units.push_back(std::move(unit));
+    }
   return units;
 }
 
 void MuonSwapAdapter::begin_step() {
   for (ParamGroup& g : muon_.param_groups()) g.step += 1;
+  if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.replicas());
+}
+
+void MuonSwapAdapter::finish_step() {
+  if (broadcaster_) broadcaster_->wait_all();
+  broadcaster_.reset();
 }
 
 void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
   for (UpdateUnit& unit : batch) {
+    if (unit.assignment != nullptr) {
+      muon_.update_params(unit.group, unit.params);
+      unit.done = true;
+      muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
+      continue;
+    }
     muon_.process_unsharded_batch(unit.group, unit.params, muon_.update_momentum(unit.group, unit.params));
     unit.done = true;  // the state is updated; a throwing hook below no longer undoes it
     if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);

@@ -31,6 +31,15 @@ TEST_SUITE("mp") {
     }
   }
 
+  TEST_CASE("HSDP Muon over replicas (mesh 2x1, 4x1): equals single-process Muon and swapped equals bare, bitwise") {
+    for (int n : {2, 4}) {
+      CAPTURE(n);
+      const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+      expect_all_ok(test::launch_ranks(n, {SWAPOPT_MP_WORKER, "hsdp"}, {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
+      std::system(("rm -rf " + dir).c_str());
+    }
+  }
+
   TEST_CASE("a dead rank: the others fail with the named error within the timeout") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
     const auto r = test::launch_ranks(3, {SWAPOPT_MP_WORKER, "dead_rank"},

@@ -63,6 +63,81 @@ void collectives(Communicator& comm) {
   }
 }
 
+std::vector<ParamPtr> hsdp_model(const std::shared_ptr<const DeviceMesh>& mesh) {
+  std::vector<ParamPtr> params;
+  const std::vector<Shape> shapes = {{64, 48}, {48, 64}, {32, 40}, {32, 40}, {96, 40}, {4, 8}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<float> v(size_t(shape_numel(shapes[i])));
+    for (size_t j = 0; j < v.size(); ++j) v[j] = std::sin(float(j * 7 + i * 13)) * 0.1f;
+    ParamPtr p = make_param("w" + std::to_string(i), Tensor::from_floats(v, shapes[i]));
+    if (i != 2)  // w2 stays local (no layout): a no-comm param
+      p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
+    params.push_back(p);
+  }
+  return params;
+}
+
+void hsdp_grads(const std::vector<ParamPtr>& params, int step) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i == 1 && step == 2) {  // no gradient this step
+      params[i]->grad = Tensor();
+      continue;
+    }
+    std::vector<float> g(size_t(params[i]->data.numel()));
+    for (size_t j = 0; j < g.size(); ++j) g[j] = std::cos(float(j * 3 + i * 5 + size_t(step) * 11));
+    params[i]->grad = Tensor::from_floats(g, params[i]->data.shape());
+  }
+}
+
+bool same(const std::vector<ParamPtr>& a, const std::vector<ParamPtr>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(a[i]->data.data_ptr(), b[i]->data.data_ptr(), a[i]->data.nbytes()) != 0) return false;
+  return true;
+}
+
+/** Mesh replicate x shard = size x 1: HSDP Muon equals single-process Muon bitwise on every rank,
+ *  non-owners keep no momentum, and swapped HSDP equals bare HSDP bitwise. */
+void hsdp(const std::shared_ptr<Communicator>& comm) {
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{comm->size(), 1}, std::vector<std::string>{"replicate", "shard"},
+                                           comm->rank());
+  auto ref_params = hsdp_model(mesh), bare_params = hsdp_model(mesh), swap_params = hsdp_model(mesh);
+  Muon ref(Stream(Device::cpu())), bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+  ref.add_param_group(ref_params);
+  bare.add_param_group(bare_params);
+  inner.add_param_group(swap_params);
+  bare.enable_hsdp(comm);
+  inner.enable_hsdp(comm->sub_group([&] {
+    std::vector<int> all(size_t(comm->size()));
+    for (int r = 0; r < comm->size(); ++r) all[size_t(r)] = r;
+    return all;
+  }(), "swap-replicas"));
+  SwapConfig config;
+  config.swap_times = 3;
+  auto swapped = swap_muon(inner, config);
+  for (int step = 1; step <= 3; ++step) {
+    hsdp_grads(ref_params, step);
+    hsdp_grads(bare_params, step);
+    hsdp_grads(swap_params, step);
+    ref.step();
+    bare.step();
+    swapped->step();
+    ref.stream().synchronize();
+    bare.stream().synchronize();
+    inner.stream().synchronize();
+    expect(same(ref_params, bare_params), "HSDP equals single-process Muon at step " + std::to_string(step));
+    expect(same(bare_params, swap_params), "swapped HSDP equals bare HSDP at step " + std::to_string(step));
+  }
+  size_t owned = 0;
+  for (const HsdpAssignment& a : bare.hsdp_assignments(0))
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      const bool has_state = bare.state().count(a.params[i]) != 0;
+      expect(has_state == (a.owners[i] == comm->rank()), "only owners keep momentum (" + a.params[i]->name + ")");
+      owned += a.owners[i] == comm->rank() ? 1 : 0;
+    }
+  expect(owned > 0, "this rank owns some params");
+  expect(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()), "swapped state equals bare");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,6 +147,10 @@ int main(int argc, char** argv) {
     auto comm = make_gloo_communicator(env);
     if (scenario == "collectives") {
       collectives(*comm);
+    } else if (scenario == "hsdp") {
+      hsdp(std::shared_ptr<Communicator>(std::move(comm)));
+      std::printf("rank done: %d failures\n", failures);
+      return failures == 0 ? 0 : 1;
     } else if (scenario == "dead_rank") {
       // The last rank leaves before the collective; the others must fail with a named error in time.
       if (comm->rank() == comm->size() - 1) std::_Exit(3);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "swapopt/optim/hsdp.h"
 #include "swapopt/optim/newton_schulz.h"
 #include "swapopt/optim/optimizer.h"
 
@@ -84,10 +85,31 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** Every group's step += 1; then for each group, every param with a grad by shape group and
-   *  memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for the group's
-   *  updated params. */
+  /** Every group's step += 1; then for each group, every local (no-comm) param with a grad by
+   *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
+   *  the group's updated params. With HSDP, then for each assignment index and group: the owned
+   *  params of that assignment likewise, post_update_fn, and the broadcast to the replicas; all
+   *  broadcasts are waited for before step() returns. */
   void step() override;
+
+  /** Turns on HSDP over the replicas in `replicas` (one rank per replicate coordinate, ordered by
+   *  coordinate): params whose DTensor layout is replicated (and not sharded) are split into
+   *  assignments (`cap_bytes` x replicas each) and updated by their owner only; only owners keep
+   *  momentum. Params without a layout stay local. Sharded params are rejected (not supported yet). */
+  void enable_hsdp(std::shared_ptr<Communicator> replicas, int64_t cap_bytes = 512LL << 20);
+  bool hsdp_enabled() const { return replicas_ != nullptr; }
+  const std::shared_ptr<Communicator>& replicas() const { return replicas_; }
+  /** The assignments of `group` (empty without HSDP). */
+  const std::vector<HsdpAssignment>& hsdp_assignments(size_t group) const;
+  /** Params of `group` updated locally (all of them without HSDP). */
+  std::vector<Param*> local_params(size_t group) const;
+  /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe batch. */
+  void update_params(size_t group, const std::vector<Param*>& params);
+  /** After update_params of an assignment's owned params (with grads): post_update_fn for them,
+   *  then the broadcast of every param of the assignment from its owner (synchronises the stream
+   *  first: the broadcasts read the updated params). */
+  void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
+                         const std::vector<Param*>& owned_with_grad);
 
   // The schedule, in the pieces the swap adapter replays (same functions, same order).
 
@@ -115,6 +137,8 @@ class Muon : public Optimizer {
  private:
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;
+  std::shared_ptr<Communicator> replicas_;
+  std::vector<std::vector<HsdpAssignment>> assignments_;  // by group
 };
 
 }  // namespace swapopt

@@ -18,11 +18,16 @@ class MuonSwapAdapter : public StateSwapAdapter {
    *  Muon::step() runs them; the group's post_update_fn runs after its last unit. */
   std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override;
   void begin_step() override;
-  /** Muon::update_momentum, process_unsharded_batch and run_post_update: the bare step's calls. */
+  /** Muon::update_momentum, process_unsharded_batch and run_post_update: the bare step's calls;
+   *  an HSDP unit is one whole assignment (update_params, then finish_assignment: post_update_fn
+   *  and the broadcast). */
   void step_batch(std::span<UpdateUnit> batch) override;
+  /** Waits for the step's broadcasts. */
+  void finish_step() override;
 
  private:
   Muon& muon_;
+  std::unique_ptr<AsyncReplicateBroadcaster> broadcaster_;  // per step, with HSDP
 };
 
 }  // namespace swapopt

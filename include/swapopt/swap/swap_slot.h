@@ -9,6 +9,8 @@
 
 namespace swapopt {
 
+struct HsdpAssignment;
+
 /** Where a slot's authoritative bytes are: device -> d2h -> host -> h2d -> device. */
 enum class SlotState { device, d2h, host, h2d };
 const char* slot_state_name(SlotState state);
@@ -41,6 +43,7 @@ struct UpdateUnit {
   int64_t logical_bytes = 0;                // partition cost: state bytes, independent of rank
   std::vector<SwapSlot*> slots;             // filled by the runtime: swappable state the unit reads
   bool done = false;                        // set by the adapter once the unit has run
+  const HsdpAssignment* assignment = nullptr;  // Muon HSDP: the assignment this unit runs and flushes
 };
 
 }  // namespace swapopt
