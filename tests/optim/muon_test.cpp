@@ -159,6 +159,28 @@ TEST_CASE("momentum_update_fn and zeropower_fn replace the built-in math") {
   CHECK_THROWS_WITH_AS(bad.step(), "[Muon] momentum_update_fn returned 0 updates for 1 grads", Error);
 }
 
+TEST_CASE("apply_lr_in_update: bitwise the default in f32 NS, one extra bf16 rounding in bf16 NS") {
+  auto run = [](bool fold, DType ns_dtype) {
+    Muon muon(Stream(Device::cpu()));
+    ParamPtr p = make_param("w", test::random_tensor({24, 40}, DType::f32, 31));
+    MuonOptions o;
+    o.apply_lr_in_update = fold;
+    o.ns_dtype = ns_dtype;
+    muon.add_param_group({p}, o);
+    for (int step = 0; step < 3; ++step) {
+      p->grad = test::random_tensor({24, 40}, DType::f32, 40 + uint32_t(step));
+      muon.step();
+    }
+    muon.stream().synchronize();
+    return p->data.clone();
+  };
+  // In f32 the folded update rounds alpha * u to f32 exactly as the unfolded axpby does.
+  CHECK(test::same_bits(run(true, DType::f32), run(false, DType::f32)));
+  const Tensor folded = run(true, DType::bf16), plain = run(false, DType::bf16);
+  CHECK_FALSE(test::same_bits(folded, plain));  // the bf16 update is rounded once more when folded
+  CHECK(compare("apply_lr_in_update bf16", folded.to_float_vector(), plain.to_float_vector()).max_abs < 1e-3);
+}
+
 TEST_CASE("Muon rejects invalid options and 1-D params by name") {
   Muon muon(Stream(Device::cpu()));
   auto with = [](auto change) {
