@@ -61,4 +61,16 @@ struct LaunchEnv {
 /** The Gloo (TCP) communicator of all ranks of `env`. */
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env);
 
+class Stream;
+
+/** True when swapopt was built with the NCCL communicator. */
+bool nccl_built();
+
+/** An NCCL communicator over the ranks of `bootstrap` (a Gloo communicator of the same ranks, used
+ *  to exchange NCCL ids, here and for sub-groups), running its collectives on `stream` (a CUDA
+ *  stream of this rank's device). Tensors live on that device. Work::wait() polls for completion
+ *  and for NCCL's asynchronous errors and aborts the communicator after `timeout`. */
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap, const Stream& stream,
+                                                     std::chrono::milliseconds timeout);
+
 }  // namespace swapopt
