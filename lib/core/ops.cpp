@@ -163,8 +163,14 @@ void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
   const Device cuda_side = src.device().is_cuda() ? src.device() : out_dst.device();
   SWAPOPT_CHECK(stream.device() == cuda_side, "[copy] " << src.str() << " -> " << out_dst.str() << " must run on a stream of "
                                                         << cuda_side.str() << ", got " << stream.device().str());
-  SWAPOPT_CHECK(src.is_contiguous() && out_dst.is_contiguous(),
-                "[copy] copies to or from a CUDA device need contiguous tensors: " << src.str() << " -> " << out_dst.str());
+  if (src.device() != out_dst.device()) {
+    SWAPOPT_CHECK(src.is_contiguous() && out_dst.is_contiguous(),
+                  "[copy] copies to or from a CUDA device need contiguous tensors: " << src.str() << " -> " << out_dst.str());
+  } else if (!src.is_contiguous() || !out_dst.is_contiguous()) {
+    SWAPOPT_CHECK(src.dim() >= 2 && src.strides().back() == 1 && out_dst.strides().back() == 1,
+                  "[copy] strided copies on a CUDA device need unit stride in the last of at least 2 dims: "
+                      << src.str() << " -> " << out_dst.str());
+  }
   cuda::copy(stream, src, out_dst);
 }
 

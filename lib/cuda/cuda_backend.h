@@ -39,7 +39,8 @@ void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight);
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms);
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
 void cast(Stream& stream, const Tensor& src, const Tensor& dst);
-/** Contiguous copy where at least one side is on a CUDA device. */
+/** Copy where at least one side is on a CUDA device: contiguous, or on one device with unit stride
+ *  in the last dim (one 2-D copy per matrix). */
 void copy(Stream& stream, const Tensor& src, const Tensor& dst);
 void fill_zero(Stream& stream, const Tensor& x);
 

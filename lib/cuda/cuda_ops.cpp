@@ -90,7 +90,28 @@ void cast(Stream& stream, const Tensor& src, const Tensor& dst) {
 
 void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
   if (src.numel() == 0) return;
-  SWAPOPT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDefault, cuda_stream(stream).stream()));
+  cudaStream_t s = cuda_stream(stream).stream();
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    SWAPOPT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDefault, s));
+    return;
+  }
+  // Strided on one device: the last two dims of each matrix are one pitched 2-D copy.
+  const int64_t n = src.dim(), rows = src.shape()[size_t(n - 2)], es = int64_t(src.element_size());
+  const int64_t matrices = rows == 0 ? 0 : src.numel() / (rows * src.shape().back());
+  for (int64_t m = 0; m < matrices; ++m) {
+    int64_t rest = m, src_off = 0, dst_off = 0;
+    for (int64_t d = n - 3; d >= 0; --d) {
+      const int64_t i = rest % src.shape()[size_t(d)];
+      rest /= src.shape()[size_t(d)];
+      src_off += i * src.strides()[size_t(d)];
+      dst_off += i * dst.strides()[size_t(d)];
+    }
+    SWAPOPT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data_ptr()) + dst_off * es,
+                                         size_t(dst.strides()[size_t(n - 2)] * es),
+                                         static_cast<const char*>(src.data_ptr()) + src_off * es,
+                                         size_t(src.strides()[size_t(n - 2)] * es), size_t(src.shape().back() * es),
+                                         size_t(rows), cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 void fill_zero(Stream& stream, const Tensor& x) {

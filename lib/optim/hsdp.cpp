@@ -7,11 +7,22 @@
 
 namespace swapopt {
 
+void HsdpOptions::validate() const {
+  SWAPOPT_CHECK(cap_bytes >= 1, "[Muon] HSDP cap_bytes must be >= 1, got " << cap_bytes);
+  SWAPOPT_CHECK(!replica_count || *replica_count >= 1, "[Muon] hsdp_replica_count must be >= 1, got " << *replica_count);
+}
+
 std::vector<Param*> HsdpAssignment::owned() const {
   std::vector<Param*> out;
   for (size_t i = 0; i < params.size(); ++i)
     if (owners[i] == local_coordinate) out.push_back(params[i]);
   return out;
+}
+
+bool HsdpAssignment::owns(const Param* param) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i] == param) return owners[i] == local_coordinate;
+  return false;
 }
 
 int64_t HsdpAssignment::logical_bytes() const {
@@ -20,10 +31,29 @@ int64_t HsdpAssignment::logical_bytes() const {
   return bytes;
 }
 
+namespace {
+
+/** Greedy balance: `items` (indices into `numel`) by (-numel, position) each to the bin with the
+ *  smallest (load, bin). */
+void assign_greedily(const std::vector<size_t>& items, const std::vector<int64_t>& numel, int64_t bins,
+                     std::vector<int64_t>& out_bin) {
+  std::vector<size_t> order = items;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel[a] > numel[b]; });
+  std::vector<int64_t> load(size_t(bins), 0);
+  for (size_t i : order) {
+    const int64_t bin = int64_t(std::min_element(load.begin(), load.end()) - load.begin());  // ties: lowest
+    out_bin[i] = bin;
+    load[size_t(bin)] += numel[i];
+  }
+}
+
+}  // namespace
+
 std::vector<HsdpAssignment> make_hsdp_assignments(size_t group, const std::vector<Param*>& params, int64_t replicas,
-                                                  int64_t local_coordinate, int64_t cap_bytes) {
+                                                  int64_t local_coordinate, int64_t cap_bytes, int64_t shard_ranks) {
   SWAPOPT_CHECK(replicas >= 1 && local_coordinate >= 0 && local_coordinate < replicas,
                 "[Muon] replicate coordinate " << local_coordinate << " outside " << replicas << " replicas");
+  SWAPOPT_CHECK(shard_ranks >= 1, "[Muon] shard group of " << shard_ranks << " ranks");
   // Largest first (stable, so equal sizes keep their order): every rank sorts the same way.
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
@@ -43,32 +73,21 @@ std::vector<HsdpAssignment> make_hsdp_assignments(size_t group, const std::vecto
     bytes += numel(i) * int64_t(params[i]->data.element_size());
   }
   for (HsdpAssignment& a : out) {
-    std::vector<size_t> by_size(a.params.size());
-    std::iota(by_size.begin(), by_size.end(), 0);
-    std::stable_sort(by_size.begin(), by_size.end(), [&](size_t x, size_t y) {
-      return shape_numel(a.params[x]->logical_shape()) > shape_numel(a.params[y]->logical_shape());
-    });
-    std::vector<int64_t> load(size_t(replicas), 0);
+    std::vector<int64_t> sizes;
+    for (const Param* p : a.params) sizes.push_back(shape_numel(p->logical_shape()));
+    std::vector<size_t> all(a.params.size());
+    std::iota(all.begin(), all.end(), 0);
     a.owners.assign(a.params.size(), 0);
-    for (size_t i : by_size) {
-      const int64_t owner = int64_t(std::min_element(load.begin(), load.end()) - load.begin());  // ties: lowest coordinate
-      a.owners[i] = owner;
-      load[size_t(owner)] += shape_numel(a.params[i]->logical_shape());
+    assign_greedily(all, sizes, replicas, a.owners);
+    a.ns_ranks.assign(a.params.size(), 0);
+    for (int64_t owner = 0; owner < replicas; ++owner) {
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < a.params.size(); ++i)
+        if (a.owners[i] == owner) mine.push_back(i);
+      assign_greedily(mine, sizes, shard_ranks, a.ns_ranks);
     }
   }
   return out;
-}
-
-void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
-  for (WorkPtr& w : in_flight_) w->wait();  // at most one assignment in flight
-  in_flight_.clear();
-  for (size_t i = 0; i < assignment.params.size(); ++i)
-    in_flight_.push_back(comm_->broadcast(assignment.params[i]->data, int(assignment.owners[i])));
-}
-
-void AsyncReplicateBroadcaster::wait_all() {
-  for (WorkPtr& w : in_flight_) w->wait();
-  in_flight_.clear();
 }
 
 }  // namespace swapopt

@@ -111,13 +111,9 @@ std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t gro
 
 Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
   SWAPOPT_CHECK(!params.empty(), "[Muon] update_momentum needs at least one param");
-  const MuonOptions& o = options_.at(group);
   const CoreShape first = core_shape(params.front()->data.shape());
   int64_t total = 0;
   for (const Param* p : params) {
-    SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
-    SWAPOPT_CHECK(p->grad.shape() == p->data.shape() && p->grad.dtype() == p->data.dtype(),
-                  "[Muon] grad of '" << p->name << "' is " << p->grad.str() << ", the param " << p->data.str());
     const CoreShape cs = core_shape(p->data.shape());
     SWAPOPT_CHECK(cs.rows == first.rows && cs.cols == first.cols,
                   "[Muon] one NS batch needs one core shape: '" << p->name << "' is " << cs.rows << "x" << cs.cols << ", not "
@@ -125,7 +121,6 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
     total += cs.count;
   }
   Tensor stacked = Tensor::empty({total, first.rows, first.cols}, ns_dtype(group), device(), &stream_);
-  const float m1 = float(o.momentum), m2 = float(o.m2());
   std::vector<Tensor> slices;
   int64_t offset = 0;
   for (const Param* p : params) {
@@ -133,6 +128,18 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
     slices.push_back(stacked.narrow(0, offset, count).view(p->data.shape()));
     offset += count;
   }
+  momentum_into(group, params, slices);
+  return stacked;
+}
+
+void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
+  const MuonOptions& o = options_.at(group);
+  for (const Param* p : params) {
+    SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
+    SWAPOPT_CHECK(p->grad.shape() == p->data.shape() && p->grad.dtype() == p->data.dtype(),
+                  "[Muon] grad of '" << p->name << "' is " << p->grad.str() << ", the param " << p->data.str());
+  }
+  const float m1 = float(o.momentum), m2 = float(o.m2());
   if (hooks_.momentum_update_fn) {
     std::vector<Tensor> grads, bufs;
     for (const Param* p : params) {
@@ -143,43 +150,51 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
     SWAPOPT_CHECK(updates.size() == grads.size(),
                   "[Muon] momentum_update_fn returned " << updates.size() << " updates for " << grads.size() << " grads");
     for (size_t i = 0; i < updates.size(); ++i) {
-      SWAPOPT_CHECK(updates[i].numel() == slices[i].numel() && updates[i].is_contiguous(),
+      SWAPOPT_CHECK(updates[i].numel() == out_inputs[i].numel() && updates[i].is_contiguous(),
                     "[Muon] momentum_update_fn update " << i << " is " << updates[i].str() << ", expected "
-                                                       << shape_str(slices[i].shape()) << " elements, contiguous");
-      ops::cast(stream_, updates[i].view(slices[i].shape()), slices[i]);
+                                                       << shape_str(out_inputs[i].shape()) << " elements, contiguous");
+      ops::cast(stream_, updates[i].view(out_inputs[i].shape()), out_inputs[i]);
     }
-    return stacked;
+    return;
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = *params[i];
-    ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), slices[i], m1, m2, o.nesterov);
+    ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), out_inputs[i].view(p.data.shape()), m1, m2,
+                       o.nesterov);
   }
-  return stacked;
+}
+
+void Muon::orthogonalize(size_t group, const Tensor& x) {
+  const MuonOptions& o = options_.at(group);
+  if (hooks_.zeropower_fn) {
+    hooks_.zeropower_fn(stream_, x, o.ns_steps);
+  } else {
+    newton_schulz(stream_, x, ns_schedule(o.ns_variant, o.ns_steps, o.ns_coefficients), float(o.ns_epsilon),
+                  ns_norm_scale(o.ns_variant));
+  }
+}
+
+void Muon::apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical) {
+  const MuonOptions& o = options_.at(group);
+  const float decay = float(1.0 - o.lr * o.weight_decay);
+  double scale = std::sqrt(double(std::max(logical.rows, logical.cols))) * o.matched_adamw_rms;
+  if (o.matched_adamw_rms == 0.0) scale = o.zero_rms_scale_mode == "use_lr" ? 1.0 : 0.0;
+  const float alpha = float(-o.lr * scale);
+  if (o.apply_lr_in_update) {
+    ops::scale(stream_, update, alpha);
+    ops::axpby(stream_, 1.f, update, decay, param.data);
+  } else {
+    ops::axpby(stream_, alpha, update, decay, param.data);
+  }
 }
 
 void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
-  const MuonOptions& o = options_.at(group);
-  if (hooks_.zeropower_fn) {
-    hooks_.zeropower_fn(stream_, ns_input, o.ns_steps);
-  } else {
-    newton_schulz(stream_, ns_input, ns_schedule(o.ns_variant, o.ns_steps, o.ns_coefficients), float(o.ns_epsilon),
-                  ns_norm_scale(o.ns_variant));
-  }
-  const float decay = float(1.0 - o.lr * o.weight_decay);
+  orthogonalize(group, ns_input);
   int64_t offset = 0;
   for (Param* p : params) {
     const CoreShape cs = core_shape(p->data.shape());
-    const Tensor update = ns_input.narrow(0, offset, cs.count).view(p->data.shape());
+    apply_update(group, *p, ns_input.narrow(0, offset, cs.count).view(p->data.shape()), core_shape(p->logical_shape()));
     offset += cs.count;
-    double scale = std::sqrt(double(std::max(cs.rows, cs.cols))) * o.matched_adamw_rms;
-    if (o.matched_adamw_rms == 0.0) scale = o.zero_rms_scale_mode == "use_lr" ? 1.0 : 0.0;
-    const float alpha = float(-o.lr * scale);
-    if (o.apply_lr_in_update) {
-      ops::scale(stream_, update, alpha);
-      ops::axpby(stream_, 1.f, update, decay, p->data);
-    } else {
-      ops::axpby(stream_, alpha, update, decay, p->data);
-    }
   }
 }
 
@@ -196,70 +211,25 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params) {
       process_unsharded_batch(group, batch, update_momentum(group, batch));
 }
 
-std::vector<Param*> Muon::local_params(size_t group) const {
-  std::vector<Param*> out;
-  for (const ParamPtr& p : groups_.at(group).params) {
-    bool in_assignment = false;
-    if (hsdp_enabled())
-      for (const HsdpAssignment& a : assignments_.at(group))
-        in_assignment = in_assignment || std::find(a.params.begin(), a.params.end(), p.get()) != a.params.end();
-    if (!in_assignment) out.push_back(p.get());
-  }
-  return out;
-}
-
-const std::vector<HsdpAssignment>& Muon::hsdp_assignments(size_t group) const {
-  static const std::vector<HsdpAssignment> none;
-  return hsdp_enabled() ? assignments_.at(group) : none;
-}
-
-void Muon::enable_hsdp(std::shared_ptr<Communicator> replicas, int64_t cap_bytes) {
-  SWAPOPT_CHECK(replicas != nullptr, "[Muon] enable_hsdp needs a communicator");
-  SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
-  std::vector<std::vector<HsdpAssignment>> assignments;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    std::vector<Param*> replicated;
-    for (const ParamPtr& p : groups_[g].params) {
-      if (!p->layout) continue;
-      SWAPOPT_CHECK(p->layout->shard_dims().empty(),
-                    "[Muon] sharded parameter '" << p->name << "' is not supported by HSDP Muon yet (replicated only)");
-      if (!p->layout->replicate_dims().empty()) replicated.push_back(p.get());
-    }
-    assignments.push_back(make_hsdp_assignments(g, replicated, replicas->size(), replicas->rank(), cap_bytes));
-  }
-  replicas_ = std::move(replicas);
-  assignments_ = std::move(assignments);
-}
-
-void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
-                             const std::vector<Param*>& owned_with_grad) {
-  run_post_update(assignment.group, owned_with_grad);
-  stream_.synchronize();  // the broadcasts read the owners' updated params
-  broadcaster.flush(assignment);
-}
-
 void Muon::step() {
+  std::vector<std::vector<Param*>> local(groups_.size());  // checked before anything changes
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (Param* p : local_params(g))
+      if (p->has_grad()) local[g].push_back(p);
   for (ParamGroup& g : groups_) g.step += 1;  // all groups first, as the reference does
   for (size_t g = 0; g < groups_.size(); ++g) {
-    std::vector<Param*> params;
-    for (Param* p : local_params(g))
-      if (p->has_grad()) params.push_back(p);
-    update_params(g, params);
-    run_post_update(g, params);
+    update_params(g, local[g]);
+    run_post_update(g, local[g]);
   }
   if (!hsdp_enabled()) return;
-  AsyncReplicateBroadcaster broadcaster(replicas_);
-  size_t rounds = 0;
-  for (const auto& a : assignments_) rounds = std::max(rounds, a.size());
-  for (size_t b = 0; b < rounds; ++b)
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (b >= assignments_[g].size()) continue;
-      std::vector<Param*> owned;
-      for (Param* p : assignments_[g][b].owned())
-        if (p->has_grad()) owned.push_back(p);
-      update_params(g, owned);
-      finish_assignment(assignments_[g][b], broadcaster, owned);
-    }
+  AsyncReplicateBroadcaster broadcaster;
+  for (const HsdpAssignment& a : schedule_) {
+    std::vector<Param*> owned;
+    for (Param* p : a.owned())
+      if (p->has_grad()) owned.push_back(p);
+    update_assignment(a, owned);
+    finish_assignment(a, broadcaster, owned);
+  }
   broadcaster.wait_all();
 }
 

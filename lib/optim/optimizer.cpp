@@ -142,7 +142,7 @@ std::function<void()> Optimizer::prepare_load(
                                                                                      << dtype_name(tensor.dtype()) << ", "
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
-    entries.push_back({&param, key, tensor});
+    if (keeps_state(param)) entries.push_back({&param, key, tensor});
   }
   std::function<void()> apply_options = prepare_group_options(options_json);
   return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {

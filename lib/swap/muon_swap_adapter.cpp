@@ -38,26 +38,21 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
   }
   // HSDP: one unit per assignment (never split), in the bare step's order; its cost counts every
   // param of the assignment, so all ranks cut the same batches whatever they own.
-  size_t rounds = 0;
-  for (size_t g = 0; g < muon_.param_groups().size(); ++g) rounds = std::max(rounds, muon_.hsdp_assignments(g).size());
-  for (size_t b = 0; b < rounds; ++b)
-    for (size_t g = 0; g < muon_.param_groups().size(); ++g) {
-      const auto& assignments = muon_.hsdp_assignments(g);
-      if (b >= assignments.size()) continue;
-      UpdateUnit unit;
-      unit.group = g;
-      unit.assignment = &assignments[b];
-      unit.logical_bytes = assignments[b].logical_bytes();
-      for (Param* p : assignments[b].owned())
-        if (assume_all_grads || p->has_grad()) unit.params.push_back(p);
-      units.push_back(std::move(unit));
-    }
+  for (const HsdpAssignment& a : muon_.hsdp_schedule()) {
+    UpdateUnit unit;
+    unit.group = a.group;
+    unit.assignment = &a;
+    unit.logical_bytes = a.logical_bytes();
+    for (Param* p : a.owned())
+      if (assume_all_grads || p->has_grad()) unit.params.push_back(p);
+    units.push_back(std::move(unit));
+  }
   return units;
 }
 
 void MuonSwapAdapter::begin_step() {
   for (ParamGroup& g : muon_.param_groups()) g.step += 1;
-  if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.replicas());
+  if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>();
 }
 
 void MuonSwapAdapter::finish_step() {
@@ -68,7 +63,7 @@ void MuonSwapAdapter::finish_step() {
 void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
   for (UpdateUnit& unit : batch) {
     if (unit.assignment != nullptr) {
-      muon_.update_params(unit.group, unit.params);
+      muon_.update_assignment(*unit.assignment, unit.params);
       unit.done = true;
       muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
       continue;

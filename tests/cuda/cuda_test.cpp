@@ -17,6 +17,24 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(test::same_bits(host, pinned));
   }
 
+  TEST_CASE("strided copies on the device (a column block of a batch) match the CPU's bitwise") {
+    Stream s(Device::cuda(0));
+    const Tensor host = test::random_tensor({3, 20, 12}, DType::f32, 2);
+    const Tensor dev = host.to(Device::cuda(0));
+    Tensor block = Tensor::empty({3, 20, 5}, DType::f32, Device::cuda(0));
+    ops::copy(s, dev.narrow(2, 6, 5), block);  // strided source
+    Tensor back = Tensor::zeros({3, 20, 12}, DType::f32, Device::cuda(0));
+    ops::copy(s, block, back.narrow(2, 6, 5));  // strided destination
+    s.synchronize();
+    Tensor expected = Tensor::zeros({3, 20, 12}, DType::f32, Device::cpu());
+    Stream cpu(Device::cpu());
+    ops::copy(cpu, host.narrow(2, 6, 5), expected.narrow(2, 6, 5));
+    cpu.synchronize();
+    CHECK(test::same_bits(back.to(Device::cpu()), expected));
+    CHECK_THROWS_WITH_AS(ops::copy(s, dev.transpose(1, 2), Tensor::empty({3, 12, 20}, DType::f32, Device::cuda(0))),
+                         doctest::Contains("need unit stride in the last of at least 2 dims"), Error);
+  }
+
   TEST_CASE("gemm, syrk and elementwise ops match the CPU backend") {
     Stream gs(Device::cuda(0)), cs(Device::cpu());
     for (DType dt : {DType::f32, DType::bf16}) {

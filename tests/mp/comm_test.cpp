@@ -1,6 +1,9 @@
 // Multi-process tests: each case launches swapopt-mp-worker once per rank on loopback.
 #include <cstdlib>
 #include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "mp/launcher.h"
 #include "test_util.h"
@@ -31,11 +34,28 @@ TEST_SUITE("mp") {
     }
   }
 
-  TEST_CASE("HSDP Muon over replicas (mesh 2x1, 4x1): equals single-process Muon and swapped equals bare, bitwise") {
-    for (int n : {2, 4}) {
-      CAPTURE(n);
+  // Each rank checks: equal to single-process Muon bitwise, swapped equal to bare bitwise, only
+  // owners keep momentum, the full-copy checkpoint helper, and a resumed run (see worker.cpp).
+  TEST_CASE("HSDP Muon on meshes 1x2, 2x1, 2x2 and 4x1 (replicated, sharded and both)") {
+    for (const auto& [replicas, shards] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {4, 1}}) {
+      CAPTURE(replicas);
+      CAPTURE(shards);
       const std::string dir = test::make_temp_dir("swapopt_rdzv_");
-      expect_all_ok(test::launch_ranks(n, {SWAPOPT_MP_WORKER, "hsdp"}, {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
+      expect_all_ok(test::launch_ranks(replicas * shards,
+                                       {SWAPOPT_MP_WORKER, "hsdp", std::to_string(replicas), std::to_string(shards), "0"},
+                                       {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
+      std::system(("rm -rf " + dir).c_str());
+    }
+  }
+
+  TEST_CASE("hsdp_replica_count: blocks of 2 of 4 replicas, blocks of 1 on a 2x2 mesh; 3 of 4 is a named error") {
+    for (const auto& [replicas, shards, count] : std::vector<std::tuple<int, int, int>>{{4, 1, 2}, {2, 2, 1}}) {
+      CAPTURE(replicas);
+      CAPTURE(count);
+      const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+      expect_all_ok(test::launch_ranks(
+          replicas * shards, {SWAPOPT_MP_WORKER, "hsdp", std::to_string(replicas), std::to_string(shards), std::to_string(count)},
+          {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
       std::system(("rm -rf " + dir).c_str());
     }
   }

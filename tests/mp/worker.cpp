@@ -1,5 +1,5 @@
 // The program the multi-process tests launch once per rank: runs one scenario and exits 0 when
-// every check on this rank held. Usage: swapopt-mp-worker SCENARIO
+// every check on this rank held. Usage: swapopt-mp-worker SCENARIO [ARGS]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -63,79 +63,174 @@ void collectives(Communicator& comm) {
   }
 }
 
-std::vector<ParamPtr> hsdp_model(const std::shared_ptr<const DeviceMesh>& mesh) {
+/** The model of the HSDP scenario, on a mesh replicate x shard: every kind of layout. */
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  std::vector<Placement> placements;  // empty: no layout (a no-comm param)
+};
+
+std::vector<ParamSpec> hsdp_specs() {
+  using P = Placement;
+  return {
+      {"w0", {64, 48}, {P::Replicate(), P::Shard(0)}},   // rows sharded
+      {"w1", {48, 64}, {P::Replicate(), P::Shard(1)}},   // columns sharded
+      {"w2", {32, 40}, {}},                              // local
+      {"w3", {13, 40}, {P::Replicate(), P::Shard(0)}},   // uneven shards
+      {"w4", {3, 20, 12}, {P::Replicate(), P::Shard(2)}},  // a batch of matrices, columns sharded
+      {"w5", {96, 40}, {P::Replicate(), P::Replicate()}},
+      {"w6", {4, 8}, {P::Replicate(), P::Replicate()}},
+      {"w7", {24, 36}, {P::Shard(1), P::Shard(0)}},      // sharded over both mesh dims
+      {"w8", {40, 32}, {P::Replicate(), P::Shard(0)}},
+  };
+}
+
+Tensor full_tensor(const Shape& shape, size_t i, int step) {
+  std::vector<float> v(size_t(shape_numel(shape)));
+  for (size_t j = 0; j < v.size(); ++j)
+    v[j] = step == 0 ? std::sin(float(j * 7 + i * 13)) * 0.1f : std::cos(float(j * 3 + i * 5 + size_t(step) * 11));
+  return Tensor::from_floats(v, shape);
+}
+
+/** This rank's block of `full` under `spec` (a contiguous copy); `full` itself without a layout. */
+Tensor local_of(const Tensor& full, const ParamSpec& spec, const DeviceMesh& mesh) {
+  if (spec.placements.empty()) return full;
+  Shape offset;
+  const Shape shape = DTensor::local_shape_at(spec.shape, mesh, spec.placements, mesh.coordinate(), &offset);
+  Tensor block = full;
+  for (size_t d = 0; d < shape.size(); ++d) block = block.narrow(int64_t(d), offset[d], shape[d]);
+  return block.clone();
+}
+
+/** Whole tensors (`sharded` false: the single-process reference) or this rank's shards. */
+std::vector<ParamPtr> hsdp_model(const std::shared_ptr<const DeviceMesh>& mesh, bool sharded) {
   std::vector<ParamPtr> params;
-  const std::vector<Shape> shapes = {{64, 48}, {48, 64}, {32, 40}, {32, 40}, {96, 40}, {4, 8}};
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    std::vector<float> v(size_t(shape_numel(shapes[i])));
-    for (size_t j = 0; j < v.size(); ++j) v[j] = std::sin(float(j * 7 + i * 13)) * 0.1f;
-    ParamPtr p = make_param("w" + std::to_string(i), Tensor::from_floats(v, shapes[i]));
-    if (i != 2)  // w2 stays local (no layout): a no-comm param
-      p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
+  const auto specs = hsdp_specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Tensor full = full_tensor(specs[i].shape, i, 0);
+    if (!sharded) {
+      params.push_back(make_param(specs[i].name, full));
+      continue;
+    }
+    ParamPtr p = make_param(specs[i].name, local_of(full, specs[i], *mesh));
+    if (!specs[i].placements.empty()) p->layout = DTensor(p->data, specs[i].shape, mesh, specs[i].placements);
     params.push_back(p);
   }
   return params;
 }
 
-void hsdp_grads(const std::vector<ParamPtr>& params, int step) {
+void hsdp_grads(const std::vector<ParamPtr>& params, int step, const DeviceMesh* mesh) {
+  const auto specs = hsdp_specs();
   for (size_t i = 0; i < params.size(); ++i) {
     if (i == 1 && step == 2) {  // no gradient this step
       params[i]->grad = Tensor();
       continue;
     }
-    std::vector<float> g(size_t(params[i]->data.numel()));
-    for (size_t j = 0; j < g.size(); ++j) g[j] = std::cos(float(j * 3 + i * 5 + size_t(step) * 11));
-    params[i]->grad = Tensor::from_floats(g, params[i]->data.shape());
+    const Tensor full = full_tensor(specs[i].shape, i, step);
+    params[i]->grad = mesh ? local_of(full, specs[i], *mesh) : full;
   }
+}
+
+bool same(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
 bool same(const std::vector<ParamPtr>& a, const std::vector<ParamPtr>& b) {
   for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(a[i]->data.data_ptr(), b[i]->data.data_ptr(), a[i]->data.nbytes()) != 0) return false;
+    if (!same(a[i]->data, b[i]->data)) return false;
   return true;
 }
 
-/** Mesh replicate x shard = size x 1: HSDP Muon equals single-process Muon bitwise on every rank,
- *  non-owners keep no momentum, and swapped HSDP equals bare HSDP bitwise. */
-void hsdp(const std::shared_ptr<Communicator>& comm) {
-  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{comm->size(), 1}, std::vector<std::string>{"replicate", "shard"},
-                                           comm->rank());
-  auto ref_params = hsdp_model(mesh), bare_params = hsdp_model(mesh), swap_params = hsdp_model(mesh);
+/** Each rank's shards equal the same block of the single-process reference. */
+bool same_as_reference(const std::vector<ParamPtr>& local, const std::vector<ParamPtr>& ref, const DeviceMesh& mesh) {
+  const auto specs = hsdp_specs();
+  for (size_t i = 0; i < local.size(); ++i)
+    if (!same(local[i]->data, local_of(ref[i]->data, specs[i], mesh))) return false;
+  return true;
+}
+
+/** Mesh replicate x shard (R x S) on R * S ranks: HSDP Muon equals single-process Muon bitwise on
+ *  every rank, non-owners keep no momentum, swapped HSDP equals bare HSDP bitwise, and the
+ *  checkpoint helper gives every replica the reference's momentum. `replica_count` 0: unset. */
+void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t shards, int64_t replica_count) {
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{replicas, shards},
+                                           std::vector<std::string>{"replicate", "shard"}, comm->rank());
+  auto ref_params = hsdp_model(mesh, false), bare_params = hsdp_model(mesh, true), swap_params = hsdp_model(mesh, true);
   Muon ref(Stream(Device::cpu())), bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
   ref.add_param_group(ref_params);
   bare.add_param_group(bare_params);
   inner.add_param_group(swap_params);
-  bare.enable_hsdp(comm);
-  inner.enable_hsdp(comm->sub_group([&] {
-    std::vector<int> all(size_t(comm->size()));
-    for (int r = 0; r < comm->size(); ++r) all[size_t(r)] = r;
-    return all;
-  }(), "swap-replicas"));
+  HsdpOptions options;
+  if (replica_count > 0) options.replica_count = replica_count;
+  if (replicas == 4) {  // checked before any sub-group is made: no rank enters a collective
+    HsdpOptions bad;
+    bad.replica_count = 3;
+    try {
+      bare.enable_hsdp(comm, bad);
+      expect(false, "hsdp_replica_count 3 of 4 replicas accepted");
+    } catch (const Error& e) {
+      expect(std::string(e.what()) == "[Muon] hsdp_replica_count 3 must divide the 4 replicas of parameter 'w0'",
+             std::string("named error, got: ") + e.what());
+    }
+  }
+  bare.enable_hsdp(comm, options);
+  inner.enable_hsdp(comm, options);
   SwapConfig config;
   config.swap_times = 3;
   auto swapped = swap_muon(inner, config);
   for (int step = 1; step <= 3; ++step) {
-    hsdp_grads(ref_params, step);
-    hsdp_grads(bare_params, step);
-    hsdp_grads(swap_params, step);
+    hsdp_grads(ref_params, step, nullptr);
+    hsdp_grads(bare_params, step, mesh.get());
+    hsdp_grads(swap_params, step, mesh.get());
     ref.step();
     bare.step();
     swapped->step();
     ref.stream().synchronize();
     bare.stream().synchronize();
     inner.stream().synchronize();
-    expect(same(ref_params, bare_params), "HSDP equals single-process Muon at step " + std::to_string(step));
+    expect(same_as_reference(bare_params, ref_params, *mesh), "HSDP equals single-process Muon at step " + std::to_string(step));
     expect(same(bare_params, swap_params), "swapped HSDP equals bare HSDP at step " + std::to_string(step));
   }
   size_t owned = 0;
-  for (const HsdpAssignment& a : bare.hsdp_assignments(0))
+  for (const HsdpAssignment& a : bare.hsdp_schedule())
     for (size_t i = 0; i < a.params.size(); ++i) {
-      const bool has_state = bare.state().count(a.params[i]) != 0;
-      expect(has_state == (a.owners[i] == comm->rank()), "only owners keep momentum (" + a.params[i]->name + ")");
-      owned += a.owners[i] == comm->rank() ? 1 : 0;
+      const bool mine = a.owners[i] == a.local_coordinate;
+      expect((bare.state().count(a.params[i]) != 0) == mine, "only owners keep momentum (" + a.params[i]->name + ")");
+      owned += mine ? 1 : 0;
     }
   expect(owned > 0, "this rank owns some params");
   expect(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()), "swapped state equals bare");
+
+  // Full copies: every replica gets the reference's momentum of its shards, bare or swapped.
+  const StateDict full = broadcast_state_to_replicas(bare, bare.state_dict());
+  const auto specs = hsdp_specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto it = full.tensors.find("state." + std::to_string(i) + ".momentum_buffer");
+    const Tensor expected = local_of(ref.state().at(ref_params[i].get()).tensors.at("momentum_buffer"), specs[i], *mesh);
+    expect(it != full.tensors.end() && same(it->second, expected), "full state of " + specs[i].name + " is the reference's");
+  }
+  expect(serialize_state_dict(broadcast_state_to_replicas(inner, swapped->state_dict())) == serialize_state_dict(full),
+         "the swapped optimizer's full state equals the bare one's");
+
+  // Loading the full copy keeps the owned state only, and the run continues bitwise.
+  std::vector<ParamPtr> resumed_params;
+  for (const ParamPtr& p : bare_params) {
+    ParamPtr q = make_param(p->name, p->data.clone());
+    if (p->layout) q->layout = DTensor(q->data, p->layout->logical_shape(), mesh, p->layout->placements());
+    resumed_params.push_back(q);
+  }
+  Muon resumed(Stream(Device::cpu()));
+  resumed.add_param_group(resumed_params);
+  resumed.enable_hsdp(comm, options);
+  resumed.load_state_dict(full);
+  expect(resumed.state().size() == bare.state().size(), "a loaded full copy keeps the owned state only");
+  hsdp_grads(bare_params, 4, mesh.get());
+  hsdp_grads(resumed_params, 4, mesh.get());
+  bare.step();
+  resumed.step();
+  bare.stream().synchronize();
+  resumed.stream().synchronize();
+  expect(same(bare_params, resumed_params), "resumed from the full copy equals the uninterrupted run");
 }
 
 }  // namespace
@@ -148,7 +243,8 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") {
       collectives(*comm);
     } else if (scenario == "hsdp") {
-      hsdp(std::shared_ptr<Communicator>(std::move(comm)));
+      if (argc != 5) throw Error("usage: swapopt-mp-worker hsdp REPLICAS SHARDS REPLICA_COUNT");
+      hsdp(std::shared_ptr<Communicator>(std::move(comm)), std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]));
       std::printf("rank done: %d failures\n", failures);
       return failures == 0 ? 0 : 1;
     } else if (scenario == "dead_rank") {

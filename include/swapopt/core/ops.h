@@ -44,8 +44,8 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
 void cast(Stream& stream, const Tensor& src, const Tensor& out_dst);
 
 /** out_dst = src; same shape and dtype; any pair of devices (H2D, D2H, D2D). Device-crossing copies
- *  need contiguous tensors; CPU-to-CPU copies may be strided. `stream` is the CUDA stream when
- *  either side is on a CUDA device. */
+ *  need contiguous tensors; copies within one device may be strided (on CUDA with unit stride in
+ *  the last of at least 2 dims). `stream` is the CUDA stream when either side is on a CUDA device. */
 void copy(Stream& stream, const Tensor& src, const Tensor& out_dst);
 
 /** out_x = 0. */

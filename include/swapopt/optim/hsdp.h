@@ -1,9 +1,11 @@
 #pragma once
-/** HSDP Muon across replicas: each replicated matrix is updated by one owner, chosen greedily by
- *  load, and broadcast to the other replicas. (Sharded parameters are not supported yet.) */
+/** HSDP Muon's plan: a group's distributed params split into assignments, each param owned by one
+ *  replica (chosen greedily by load) and, when sharded, its Newton-Schulz computed by one rank of
+ *  the shard group. Built from logical shapes only, so every rank builds the same plan. */
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "swapopt/comm/communicator.h"
@@ -11,38 +13,49 @@
 
 namespace swapopt {
 
-/** A batch of one group's replicated params, with the replicate coordinate owning each. The same on
- *  every rank: built from logical shapes only. */
+struct HsdpOptions {
+  /** Soft cap of an assignment's logical bytes, per replica (the cap is cap_bytes x replicas). */
+  int64_t cap_bytes = 512LL << 20;
+  /** The reference's hsdp_replica_count: the R replicas of a param are cut into R / k blocks of k
+   *  consecutive replicate coordinates; each block shares the work of one full update and
+   *  broadcasts within itself (k = 1: every replica computes everything, no broadcast). Unset: all
+   *  R replicas form one block. Must divide every R it applies to (R < k: all R). */
+  std::optional<int64_t> replica_count;
+
+  /** Throws "[Muon] <option> ..." for a bad value. */
+  void validate() const;
+};
+
+/** One batch of one group's params of one communication domain (the same replicate and shard
+ *  mesh dims). */
 struct HsdpAssignment {
   size_t group = 0;
   std::vector<Param*> params;    // in schedule order
-  std::vector<int64_t> owners;   // owner coordinate of params[i]
-  int64_t local_coordinate = 0;  // this rank's replicate coordinate
+  std::vector<int64_t> owners;   // replica (coordinate within this rank's block) updating params[i]
+  std::vector<int64_t> ns_ranks;  // rank of the shard group computing Newton-Schulz of params[i]
+  int64_t local_coordinate = 0;  // this rank's replica coordinate within its block
+  /** This rank's replica block: owners broadcast their updated local params here. Null when the
+   *  block is one rank. */
+  std::shared_ptr<Communicator> replicas;
+  /** Sharded params only: the ranks holding the other shards (this rank's shard group), and the
+   *  mesh coordinate of each of its ranks. */
+  std::shared_ptr<Communicator> shards;
+  std::vector<std::vector<int64_t>> shard_coordinates;
 
-  /** The params this rank updates. */
+  bool sharded() const { return shards != nullptr; }
+  /** The params this rank updates (a sharded param: its local shard). */
   std::vector<Param*> owned() const;
+  bool owns(const Param* param) const;
   /** Logical bytes of every param (rank-independent partition cost). */
   int64_t logical_bytes() const;
 };
 
-/** Splits `params` (one group) into assignments of at most `cap_bytes` x replicas (soft cap: a
- *  param is appended, then the batch closes once it reaches the cap), largest first, and picks
- *  owners: params by (-numel, index) to the coordinate with the smallest (load, coordinate). */
+/** Splits `params` (one group, one domain) into assignments of at most `cap_bytes` x `replicas`
+ *  logical bytes (soft cap: a param is appended, then the batch closes once it reaches the cap),
+ *  largest first. Owners: params by (-numel, index) to the replica with the smallest (load,
+ *  coordinate); then, per owner, NS ranks the same way over `shard_ranks`. Communicators are left
+ *  to the caller. */
 std::vector<HsdpAssignment> make_hsdp_assignments(size_t group, const std::vector<Param*>& params, int64_t replicas,
-                                                  int64_t local_coordinate, int64_t cap_bytes);
-
-/** Broadcasts owners' updated params to the replicas: flush() per assignment (at most one
- *  assignment in flight), wait_all() at the end of the step. */
-class AsyncReplicateBroadcaster {
- public:
-  explicit AsyncReplicateBroadcaster(std::shared_ptr<Communicator> replicas) : comm_(std::move(replicas)) {}
-  /** `compute` must be synchronised by the caller: the broadcasts read the params now. */
-  void flush(const HsdpAssignment& assignment);
-  void wait_all();
-
- private:
-  std::shared_ptr<Communicator> comm_;
-  std::vector<WorkPtr> in_flight_;
-};
+                                                  int64_t local_coordinate, int64_t cap_bytes, int64_t shard_ranks = 1);
 
 }  // namespace swapopt

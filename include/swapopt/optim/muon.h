@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "swapopt/optim/hsdp.h"
+#include "swapopt/optim/mesh_groups.h"
 #include "swapopt/optim/newton_schulz.h"
 #include "swapopt/optim/optimizer.h"
+#include "swapopt/optim/replicate_broadcaster.h"
 
 namespace swapopt {
 
@@ -87,29 +89,41 @@ class Muon : public Optimizer {
   DType state_dtype(const std::string& key, const Param& param) const override;
   /** Every group's step += 1; then for each group, every local (no-comm) param with a grad by
    *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
-   *  the group's updated params. With HSDP, then for each assignment index and group: the owned
-   *  params of that assignment likewise, post_update_fn, and the broadcast to the replicas; all
-   *  broadcasts are waited for before step() returns. */
+   *  the group's updated params. With HSDP, then every assignment of hsdp_schedule(): its owned
+   *  params with grads (update_assignment, finish_assignment); all broadcasts are waited for before
+   *  step() returns. */
   void step() override;
 
-  /** Turns on HSDP over the replicas in `replicas` (one rank per replicate coordinate, ordered by
-   *  coordinate): params whose DTensor layout is replicated (and not sharded) are split into
-   *  assignments (`cap_bytes` x replicas each) and updated by their owner only; only owners keep
-   *  momentum. Params without a layout stay local. Sharded params are rejected (not supported yet). */
-  void enable_hsdp(std::shared_ptr<Communicator> replicas, int64_t cap_bytes = 512LL << 20);
-  bool hsdp_enabled() const { return replicas_ != nullptr; }
-  const std::shared_ptr<Communicator>& replicas() const { return replicas_; }
-  /** The assignments of `group` (empty without HSDP). */
-  const std::vector<HsdpAssignment>& hsdp_assignments(size_t group) const;
-  /** Params of `group` updated locally (all of them without HSDP). */
+  /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh
+   *  rank). Params with a DTensor layout are grouped, per group, by communication domain (their
+   *  replicate and shard mesh dims, in order of first appearance) and split into assignments
+   *  (make_hsdp_assignments); params without one stay local. A replicated param is updated by its
+   *  owner and broadcast to its replica block; a sharded param's shards are all-gathered (packed,
+   *  512-byte aligned) in the owner's shard group, one rank computes Newton-Schulz of the full
+   *  matrix and broadcasts the update in the shard group, and every rank applies its slice. Only
+   *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). */
+  void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
+  bool hsdp_enabled() const { return mesh_groups_ != nullptr; }
+  /** Every assignment in schedule order: for each assignment index, each group, each domain (the
+   *  same order on every rank). Empty without HSDP. */
+  const std::vector<HsdpAssignment>& hsdp_schedule() const { return schedule_; }
+  /** False for a param HSDP gives to another replica: loading a checkpoint skips its state. */
+  bool keeps_state(const Param& param) const override;
+  /** Params of `group` updated locally: all of them without HSDP (a sharded one is an error then),
+   *  those without a layout with it. */
   std::vector<Param*> local_params(size_t group) const;
-  /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe batch. */
-  void update_params(size_t group, const std::vector<Param*>& params);
-  /** After update_params of an assignment's owned params (with grads): post_update_fn for them,
-   *  then the broadcast of every param of the assignment from its owner (synchronises the stream
-   *  first: the broadcasts read the updated params). */
+  /** Momentum, Newton-Schulz and update of `params` (owned params of `assignment` with grads;
+   *  the same list on every rank of the shard group). Sharded: all-gather, NS by the computing
+   *  ranks, broadcast of the updates, each rank's slice applied (synchronises the stream). */
+  void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params);
+  /** After update_assignment: post_update_fn for `owned_with_grad`, then the broadcast of every
+   *  param of the assignment from its owner (synchronises the stream first: the broadcasts read the
+   *  updated params). */
   void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                          const std::vector<Param*>& owned_with_grad);
+
+  /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe batch. */
+  void update_params(size_t group, const std::vector<Param*>& params);
 
   // The schedule, in the pieces the swap adapter replays (same functions, same order).
 
@@ -121,6 +135,9 @@ class Muon : public Optimizer {
   /** Updates the momentum of `params` (one core shape, all with grads; buffers created as zeros
    *  if missing) and returns their stacked NS input [matrices, rows, cols] in the NS dtype. */
   Tensor update_momentum(size_t group, const std::vector<Param*>& params);
+  /** Writes each param's NS input (its momentum update, any shape with the param's numel) into
+   *  `out_inputs[i]`, creating missing buffers as zeros. */
+  void momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);
   /** Newton-Schulz on `ns_input` (from update_momentum) and the parameter updates. */
   void process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);
   /** post_update_fn for `params`, if set. */
@@ -135,10 +152,17 @@ class Muon : public Optimizer {
   std::function<void()> prepare_group_options(const std::vector<std::string>& options_json) override;
 
  private:
+  /** Orthogonalises x [matrices, rows, cols] in place (zeropower_fn or the built-in NS). */
+  void orthogonalize(size_t group, const Tensor& x);
+  /** param = decay * param - lr * scale * update, `update` shaped like the local param and
+   *  `logical` the full matrix shape the scale comes from. */
+  void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
+  void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params);
+
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;
-  std::shared_ptr<Communicator> replicas_;
-  std::vector<std::vector<HsdpAssignment>> assignments_;  // by group
+  std::unique_ptr<MeshGroups> mesh_groups_;  // with HSDP
+  std::vector<HsdpAssignment> schedule_;
 };
 
 }  // namespace swapopt

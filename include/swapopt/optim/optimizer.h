@@ -55,6 +55,10 @@ class Optimizer {
    *  optimizer's parameters; on any mismatch throws a named error and changes nothing. */
   virtual void load_state_dict(const StateDict& state);
 
+  /** Whether this rank keeps state for `param` (HSDP Muon: owners only); loading a checkpoint
+   *  checks the state of the others and skips it. */
+  virtual bool keeps_state(const Param&) const { return true; }
+
   /** Index of `param` over all groups in order, as checkpoints name it. */
   int64_t param_index(const Param* param) const;
 

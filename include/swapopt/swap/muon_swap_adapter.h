@@ -19,8 +19,8 @@ class MuonSwapAdapter : public StateSwapAdapter {
   std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override;
   void begin_step() override;
   /** Muon::update_momentum, process_unsharded_batch and run_post_update: the bare step's calls;
-   *  an HSDP unit is one whole assignment (update_params, then finish_assignment: post_update_fn
-   *  and the broadcast). */
+   *  an HSDP unit is one whole assignment (update_assignment, then finish_assignment:
+   *  post_update_fn and the broadcast). */
   void step_batch(std::span<UpdateUnit> batch) override;
   /** Waits for the step's broadcasts. */
   void finish_step() override;

@@ -1,0 +1,215 @@
+// HSDP Muon: the plan (enable_hsdp) and the update of one assignment, replicated or sharded.
+#include <algorithm>
+#include <atomic>
+
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+#include "swapopt/optim/muon.h"
+
+namespace swapopt {
+
+namespace {
+
+/** Distinct per optimizer of one job (every rank creates its optimizers in the same order): the
+ *  rendezvous prefix of its sub-groups. */
+std::atomic<int> hsdp_instances{0};
+
+/** Packed buffers place each tensor at a multiple of 512 bytes. */
+int64_t align_up(int64_t elements, DType dtype) {
+  const int64_t unit = 512 / int64_t(dtype_size(dtype));
+  return (elements + unit - 1) / unit * unit;
+}
+
+/** The block of `full` at `offset` with `shape`. */
+Tensor narrow_to(Tensor full, const Shape& offset, const Shape& shape) {
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != full.shape()[d]) full = full.narrow(int64_t(d), offset[d], shape[d]);
+  return full;
+}
+
+bool is_shard(const Param& p) { return p.layout && p.data.shape() != p.logical_shape(); }
+
+}  // namespace
+
+std::vector<Param*> Muon::local_params(size_t group) const {
+  std::vector<Param*> out;
+  for (const ParamPtr& p : groups_.at(group).params) {
+    if (hsdp_enabled() && p->layout) continue;
+    SWAPOPT_CHECK(!is_shard(*p), "[Muon] parameter '" << p->name << "' is a shard (" << shape_str(p->data.shape()) << " of "
+                                                      << shape_str(p->logical_shape())
+                                                      << "): call enable_hsdp so its update sees the whole matrix");
+    out.push_back(p.get());
+  }
+  return out;
+}
+
+bool Muon::keeps_state(const Param& param) const {
+  for (const HsdpAssignment& a : schedule_)
+    if (std::find(a.params.begin(), a.params.end(), &param) != a.params.end()) return a.owns(&param);
+  return true;
+}
+
+void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options) {
+  SWAPOPT_CHECK(world != nullptr, "[Muon] enable_hsdp needs a communicator");
+  SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
+  options.validate();
+  const Param* first = nullptr;
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) {
+      if (!p->layout) continue;
+      if (first == nullptr) first = p.get();
+      SWAPOPT_CHECK(p->layout->mesh().shape() == first->layout->mesh().shape(),
+                    "[Muon] enable_hsdp: parameter '" << p->name << "' is on a mesh of shape "
+                                                      << shape_str(p->layout->mesh().shape()) << ", '" << first->name << "' on "
+                                                      << shape_str(first->layout->mesh().shape()) << "; HSDP needs one mesh");
+    }
+  SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
+  auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(), "hsdp" + std::to_string(hsdp_instances++));
+
+  // Per group, per domain (replicate and shard mesh dims, in order of first appearance): assignments.
+  std::vector<std::vector<std::vector<HsdpAssignment>>> plans(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    struct Domain {
+      std::vector<int64_t> replicate, shard;
+      std::vector<Param*> params;
+    };
+    std::vector<Domain> domains;
+    for (const ParamPtr& p : groups_[g].params) {
+      if (!p->layout) continue;
+      const std::vector<int64_t> replicate = p->layout->replicate_dims(), shard = p->layout->shard_dims();
+      auto it = std::find_if(domains.begin(), domains.end(),
+                             [&](const Domain& d) { return d.replicate == replicate && d.shard == shard; });
+      if (it == domains.end()) it = domains.insert(domains.end(), Domain{replicate, shard, {}});
+      it->params.push_back(p.get());
+    }
+    for (const Domain& d : domains) {
+      const int64_t replicas = mesh_groups->size(d.replicate);
+      const int64_t block = options.replica_count ? std::min(*options.replica_count, replicas) : replicas;
+      SWAPOPT_CHECK(replicas % block == 0, "[Muon] hsdp_replica_count " << *options.replica_count << " must divide the "
+                                                                        << replicas << " replicas of parameter '"
+                                                                        << d.params.front()->name << "'");
+      // A shard group of one rank holds whole tensors: the param is replicated in effect.
+      const int64_t shard_ranks = mesh_groups->size(d.shard);
+      std::vector<HsdpAssignment> assignments = make_hsdp_assignments(
+          g, d.params, block, mesh_groups->index(d.replicate) % block, options.cap_bytes, shard_ranks);
+      std::shared_ptr<Communicator> replica_group = block > 1 ? mesh_groups->group(d.replicate, block) : nullptr;
+      std::shared_ptr<Communicator> shard_group = shard_ranks > 1 ? mesh_groups->group(d.shard, shard_ranks) : nullptr;
+      for (HsdpAssignment& a : assignments) {
+        a.replicas = replica_group;
+        a.shards = shard_group;
+        if (shard_group)
+          for (int64_t s = 0; s < shard_ranks; ++s) a.shard_coordinates.push_back(mesh_groups->coordinate_at(d.shard, s));
+      }
+      plans[g].push_back(std::move(assignments));
+    }
+  }
+  // Schedule: for each assignment index, each group, each domain.
+  std::vector<HsdpAssignment> schedule;
+  for (size_t b = 0;; ++b) {
+    bool any = false;
+    for (auto& domains : plans)
+      for (auto& assignments : domains)
+        if (b < assignments.size()) {
+          schedule.push_back(std::move(assignments[b]));
+          any = true;
+        }
+    if (!any) break;
+  }
+  mesh_groups_ = std::move(mesh_groups);
+  schedule_ = std::move(schedule);
+}
+
+void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params) {
+  if (assignment.sharded()) {
+    update_sharded(assignment, params);
+  } else {
+    update_params(assignment.group, params);
+  }
+}
+
+void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params) {
+  if (params.empty()) return;
+  const DType dtype = ns_dtype(a.group);
+  Communicator& shards = *a.shards;
+  const size_t ranks = size_t(shards.size()), me = size_t(shards.rank());
+
+  // Rank-independent packing. Each rank's chunk holds its shard of every param; the update buffer
+  // of rank r holds the full update of every param whose NS rank is r.
+  struct Piece {
+    Shape shape, offset;  // the shard of one rank and its place in the logical tensor
+    int64_t packed = 0;   // element offset in that rank's chunk
+  };
+  std::vector<std::vector<Piece>> pieces(params.size(), std::vector<Piece>(ranks));
+  std::vector<int64_t> chunk_used(ranks, 0), update_used(ranks, 0);
+  std::vector<int64_t> ns_rank(params.size()), update_offset(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    for (size_t s = 0; s < ranks; ++s) {
+      Piece& piece = pieces[i][s];
+      piece.shape = DTensor::local_shape_at(p.logical_shape(), p.layout->mesh(), p.layout->placements(),
+                                            a.shard_coordinates[s], &piece.offset);
+      piece.packed = chunk_used[s];
+      chunk_used[s] = align_up(chunk_used[s] + shape_numel(piece.shape), dtype);
+    }
+    ns_rank[i] = a.ns_ranks[size_t(std::find(a.params.begin(), a.params.end(), &p) - a.params.begin())];
+    update_offset[i] = update_used[size_t(ns_rank[i])];
+    update_used[size_t(ns_rank[i])] = align_up(update_offset[i] + shape_numel(p.logical_shape()), dtype);
+  }
+  const int64_t chunk = *std::max_element(chunk_used.begin(), chunk_used.end());
+
+  // Momentum of the local shards into this rank's chunk, then the all-gather of every chunk.
+  Tensor send = Tensor::empty({chunk}, dtype, device(), &stream_);
+  Tensor gathered = Tensor::empty({chunk * int64_t(ranks)}, dtype, device(), &stream_);
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < params.size(); ++i)
+    inputs.push_back(send.narrow(0, pieces[i][me].packed, params[i]->data.numel()).view(params[i]->data.shape()));
+  momentum_into(a.group, params, inputs);
+  stream_.synchronize();  // the collective reads `send` now
+  shards.all_gather(send, gathered)->wait();
+
+  // Whole matrices assembled from the shards, orthogonalised by their NS rank.
+  std::vector<Tensor> updates(ranks);
+  for (size_t r = 0; r < ranks; ++r) updates[r] = Tensor::empty({update_used[r]}, dtype, device(), &stream_);
+  auto full_update = [&](size_t i) {
+    const Shape& logical = params[i]->logical_shape();
+    return updates[size_t(ns_rank[i])].narrow(0, update_offset[i], shape_numel(logical)).view(logical);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (size_t(ns_rank[i]) != me) continue;
+    const Tensor full = full_update(i);
+    for (size_t s = 0; s < ranks; ++s) {
+      const Piece& piece = pieces[i][s];
+      const Tensor shard =
+          gathered.narrow(0, int64_t(s) * chunk + piece.packed, shape_numel(piece.shape)).view(piece.shape);
+      ops::copy(stream_, shard, narrow_to(full, piece.offset, piece.shape));
+    }
+    const CoreShape cs = core_shape(full.shape());
+    orthogonalize(a.group, full.view({cs.count, cs.rows, cs.cols}));
+  }
+  stream_.synchronize();  // the broadcasts read the updates now
+  std::vector<WorkPtr> broadcasts;
+  for (size_t r = 0; r < ranks; ++r)
+    if (update_used[r] > 0) broadcasts.push_back(shards.broadcast(updates[r], int(r)));
+  for (WorkPtr& w : broadcasts) w->wait();
+
+  // Every rank applies its own slice.
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = *params[i];
+    Tensor slice = narrow_to(full_update(i), pieces[i][me].offset, pieces[i][me].shape);
+    if (!slice.is_contiguous()) {
+      Tensor packed = Tensor::empty(slice.shape(), dtype, device(), &stream_);
+      ops::copy(stream_, slice, packed);
+      slice = packed;
+    }
+    apply_update(a.group, p, slice, core_shape(p.logical_shape()));
+  }
+}
+
+void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
+                             const std::vector<Param*>& owned_with_grad) {
+  run_post_update(assignment.group, owned_with_grad);
+  stream_.synchronize();  // the broadcasts read the owners' updated params
+  broadcaster.flush(assignment);
+}
+
+}  // namespace swapopt

@@ -1,0 +1,151 @@
+// HSDP Muon in one process: the plan's greedy rules, a one-rank mesh, and every named error. The
+// multi-process runs are in tests/mp.
+#include "swapopt/optim/hsdp_checkpoint.h"
+#include "swapopt/optim/muon.h"
+#include "test_util.h"
+
+using namespace swapopt;
+
+namespace {
+
+/** A group of one rank: collectives are the identity, so no process or network is needed. */
+class SoloCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "solo"; }
+  WorkPtr broadcast(const Tensor&, int) override { return done(); }
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
+    Stream s(Device::cpu());
+    ops::copy(s, in, out);
+    s.synchronize();
+    return done();
+  }
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override { return all_gather(in, out); }
+  WorkPtr all_reduce(const Tensor&) override { return done(); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>&, const std::string&) override {
+    return std::make_unique<SoloCommunicator>();
+  }
+
+ private:
+  struct Done final : Work {
+    void wait() override {}
+  };
+  static WorkPtr done() { return std::make_shared<Done>(); }
+};
+
+ParamPtr matrix(const std::string& name, int64_t rows, int64_t cols, uint32_t seed) {
+  return make_param(name, test::random_tensor({rows, cols}, DType::f32, seed));
+}
+
+}  // namespace
+
+TEST_CASE("HSDP plan: soft cap per replica count, owners and NS ranks greedy by load") {
+  // numel 64, 16, 36, 10, 9 (f32 bytes 256, 64, 144, 40, 36)
+  std::vector<ParamPtr> keep = {matrix("a", 8, 8, 1), matrix("b", 4, 4, 2), matrix("c", 6, 6, 3), matrix("d", 2, 5, 4),
+                                matrix("e", 3, 3, 5)};
+  std::vector<Param*> params;
+  for (const ParamPtr& p : keep) params.push_back(p.get());
+
+  // One assignment: owners by (-numel, index) to the least loaded replica: a->0; c, b, d, e->1.
+  // Then per owner, NS ranks the same way: a->0; c->0, b->1, d->1, e->1.
+  const auto one = make_hsdp_assignments(0, params, 2, 1, 1 << 20, 2);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].params == std::vector<Param*>{params[0], params[2], params[1], params[3], params[4]});  // largest first
+  CHECK(one[0].owners == std::vector<int64_t>{0, 1, 1, 1, 1});
+  CHECK(one[0].ns_ranks == std::vector<int64_t>{0, 0, 1, 1, 1});
+  CHECK(one[0].owned() == std::vector<Param*>{params[2], params[1], params[3], params[4]});
+  CHECK(one[0].owns(params[1]));
+  CHECK_FALSE(one[0].owns(params[0]));
+  CHECK(one[0].logical_bytes() == 540);
+
+  // Cap 100 B x 2 replicas: a batch closes once it reaches 200 B: [a], [c, b], [d, e].
+  const auto split = make_hsdp_assignments(0, params, 2, 0, 100, 1);
+  REQUIRE(split.size() == 3);
+  CHECK(split[0].params == std::vector<Param*>{params[0]});
+  CHECK(split[1].params == std::vector<Param*>{params[2], params[1]});
+  CHECK(split[1].owners == std::vector<int64_t>{0, 1});
+  CHECK(split[2].params == std::vector<Param*>{params[3], params[4]});
+}
+
+TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no owned state") {
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
+  std::vector<ParamPtr> plain_params, hsdp_params;
+  const std::vector<std::vector<Placement>> layouts = {
+      {Placement::Replicate(), Placement::Replicate()}, {Placement::Replicate(), Placement::Shard(1)}, {}};
+  for (uint32_t i = 0; i < 3; ++i) {
+    plain_params.push_back(matrix("w" + std::to_string(i), 12 + i, 9, 10 + i));
+    hsdp_params.push_back(make_param(plain_params.back()->name, plain_params.back()->data.clone()));
+    if (!layouts[i].empty())
+      hsdp_params.back()->layout = DTensor(hsdp_params.back()->data, hsdp_params.back()->data.shape(), mesh, layouts[i]);
+  }
+  Muon plain(Stream(Device::cpu())), hsdp(Stream(Device::cpu()));
+  plain.add_param_group(plain_params);
+  hsdp.add_param_group(hsdp_params);
+  hsdp.enable_hsdp(std::make_shared<SoloCommunicator>());
+  CHECK(hsdp.hsdp_schedule().size() == 2);  // two domains, one assignment each; w2 stays local
+  CHECK(hsdp.local_params(0) == std::vector<Param*>{hsdp_params[2].get()});
+  for (int step = 1; step <= 2; ++step) {
+    for (uint32_t i = 0; i < 3; ++i) {
+      plain_params[i]->grad = test::random_tensor(plain_params[i]->data.shape(), DType::f32, 100 + 10 * uint32_t(step) + i);
+      hsdp_params[i]->grad = plain_params[i]->grad.clone();
+    }
+    plain.step();
+    hsdp.step();
+  }
+  for (uint32_t i = 0; i < 3; ++i) CHECK(test::same_bits(plain_params[i]->data, hsdp_params[i]->data));
+  const StateDict full = broadcast_state_to_replicas(hsdp, hsdp.state_dict());
+  CHECK(serialize_state_dict(full) == serialize_state_dict(plain.state_dict()));
+}
+
+TEST_CASE("HSDP errors are named") {
+  auto solo = std::make_shared<SoloCommunicator>();
+  auto mesh11 = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
+  auto mesh21 = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
+  auto mesh12 = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, 0);
+  const std::vector<Placement> replicated = {Placement::Replicate(), Placement::Replicate()};
+
+  Muon none(Stream(Device::cpu()));
+  none.add_param_group({matrix("a", 4, 4, 1)});
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(nullptr), "[Muon] enable_hsdp needs a communicator", Error);
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo), "[Muon] enable_hsdp: no parameter has a DTensor layout", Error);
+  CHECK_THROWS_WITH_AS(broadcast_state_to_replicas(none, none.state_dict()),
+                       "[Muon] broadcast_state_to_replicas needs HSDP (call enable_hsdp)", Error);
+  HsdpOptions bad;
+  bad.cap_bytes = 0;
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] HSDP cap_bytes must be >= 1, got 0", Error);
+  bad = {};
+  bad.replica_count = 0;
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] hsdp_replica_count must be >= 1, got 0", Error);
+
+  // A Muon over params laid out on the given meshes (replicated).
+  auto muon_on = [&](const std::vector<std::shared_ptr<DeviceMesh>>& meshes) {
+    std::vector<ParamPtr> params;
+    for (size_t i = 0; i < meshes.size(); ++i) {
+      params.push_back(matrix(std::string(1, char('a' + i)), 4, 4, uint32_t(i)));
+      params.back()->layout = DTensor(params.back()->data, {4, 4}, meshes[i], replicated);
+    }
+    auto muon = std::make_unique<Muon>(Stream(Device::cpu()));
+    muon->add_param_group(params);
+    return muon;
+  };
+  CHECK_THROWS_WITH_AS(muon_on({mesh11, mesh21})->enable_hsdp(solo),
+                       "[Muon] enable_hsdp: parameter 'b' is on a mesh of shape [2, 1], 'a' on [1, 1]; HSDP needs one mesh", Error);
+  CHECK_THROWS_WITH_AS(muon_on({mesh21})->enable_hsdp(solo),
+                       "[MeshGroups] the mesh [2, 1] at rank 0 does not match the communicator (rank 0 of 1)", Error);
+  auto twice = muon_on({mesh11});
+  twice->enable_hsdp(solo);
+  CHECK_THROWS_WITH_AS(twice->enable_hsdp(solo), "[Muon] HSDP is already enabled", Error);
+
+  // A shard stepped without HSDP would be orthogonalised on its own: refused.
+  ParamPtr shard = matrix("s", 4, 4, 5);
+  shard->layout = DTensor(shard->data, {8, 4}, mesh12, {Placement::Replicate(), Placement::Shard(0)});
+  shard->grad = test::random_tensor({4, 4}, DType::f32, 6);
+  Muon unsharded(Stream(Device::cpu()));
+  unsharded.add_param_group({shard});
+  CHECK_THROWS_WITH_AS(unsharded.step(),
+                       "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
+                       Error);
+  CHECK(unsharded.param_groups()[0].step == 0);  // nothing changed
+}
