@@ -94,6 +94,8 @@ TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no o
     plain.step();
     hsdp.step();
   }
+  plain.stream().synchronize();
+  hsdp.stream().synchronize();
   for (uint32_t i = 0; i < 3; ++i) CHECK(test::same_bits(plain_params[i]->data, hsdp_params[i]->data));
   const StateDict full = broadcast_state_to_replicas(hsdp, hsdp.state_dict());
   CHECK(serialize_state_dict(full) == serialize_state_dict(plain.state_dict()));
