@@ -5,7 +5,7 @@ MESON_ARGS ?=
 # nvcc lives here on the CUDA images; with it on PATH the CUDA backend is built (cuda=auto).
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: deps configure build demo test bench clean
+.PHONY: deps configure build demo demo-hsdp test bench clean
 
 deps:
 	@scripts/install-deps.sh
@@ -20,6 +20,10 @@ build: configure
 
 demo: build
 	$(BUILD)/examples/swapopt-train
+
+# Data-parallel HSDP Muon on a 2x2 mesh of local processes (Gloo over loopback).
+demo-hsdp: build
+	$(BUILD)/examples/swapopt-hsdp --mesh 2x2
 
 # Benchmarks: JSON lines under $(BUILD)/bench-results, plots next to them (see docs/benchmarks.md).
 bench: build
