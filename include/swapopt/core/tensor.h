@@ -78,9 +78,11 @@ class Tensor {
   /** Index `index` of dim `d`, which is removed. */
   Tensor select(int64_t d, int64_t index) const;
 
-  /** A contiguous copy on `device` (synchronous; uses default_stream(device) or the source's). */
+  /** A contiguous copy on `device` (synchronous; uses default_stream(device) or the source's).
+   *  It is not ordered after work still queued on other streams: synchronise the stream that
+   *  writes this tensor first (the same holds for clone() and to_float_vector()). */
   Tensor to(Device device) const;
-  /** A contiguous copy with the same dtype and device (synchronous). */
+  /** A contiguous copy with the same dtype and device (synchronous; see to()). */
   Tensor clone() const;
   /** Host values as float (synchronous copy for device tensors); for tests and small reads. */
   std::vector<float> to_float_vector() const;
