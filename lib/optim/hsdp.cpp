@@ -9,7 +9,13 @@ namespace swapopt {
 
 void HsdpOptions::validate() const {
   SWAPOPT_CHECK(cap_bytes >= 1, "[Muon] HSDP cap_bytes must be >= 1, got " << cap_bytes);
+  SWAPOPT_CHECK(broadcast_buffer_bytes >= 1, "[Muon] HSDP broadcast_buffer_bytes must be >= 1, got " << broadcast_buffer_bytes);
   SWAPOPT_CHECK(!replica_count || *replica_count >= 1, "[Muon] hsdp_replica_count must be >= 1, got " << *replica_count);
+}
+
+int64_t align_to_512_bytes(int64_t elements, DType dtype) {
+  const int64_t unit = 512 / int64_t(dtype_size(dtype));
+  return (elements + unit - 1) / unit * unit;
 }
 
 std::vector<Param*> HsdpAssignment::owned() const {

@@ -1,5 +1,7 @@
 #include "swapopt/optim/mesh_groups.h"
 
+#include <sstream>
+
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -45,10 +47,11 @@ std::shared_ptr<Communicator> MeshGroups::group(const std::vector<int64_t>& dims
   std::vector<int> ranks;
   for (int64_t i = first; i < first + block; ++i) ranks.push_back(int(mesh_->rank_at(coordinate_at(dims, i))));
   // Unique per group: the dims, the block and the fixed coordinates (the first member's).
-  std::string name = name_ + "/dims";
-  for (int64_t d : dims) name += "." + std::to_string(d);
-  name += "/block" + std::to_string(block) + "/first" + std::to_string(ranks.front());
-  return cached = std::shared_ptr<Communicator>(world_->sub_group(ranks, name));
+  std::ostringstream name;
+  name << name_ << "/dims";
+  for (int64_t d : dims) name << "." << d;
+  name << "/block" << block << "/first" << ranks.front();
+  return cached = std::shared_ptr<Communicator>(world_->sub_group(ranks, name.str()));
 }
 
 }  // namespace swapopt

@@ -222,7 +222,7 @@ void Muon::step() {
     run_post_update(g, local[g]);
   }
   if (!hsdp_enabled()) return;
-  AsyncReplicateBroadcaster broadcaster;
+  AsyncReplicateBroadcaster broadcaster(stream_, hsdp_options_.broadcast_buffer_bytes);
   for (const HsdpAssignment& a : schedule_) {
     std::vector<Param*> owned;
     for (Param* p : a.owned())

@@ -14,12 +14,6 @@ namespace {
  *  rendezvous prefix of its sub-groups. */
 std::atomic<int> hsdp_instances{0};
 
-/** Packed buffers place each tensor at a multiple of 512 bytes. */
-int64_t align_up(int64_t elements, DType dtype) {
-  const int64_t unit = 512 / int64_t(dtype_size(dtype));
-  return (elements + unit - 1) / unit * unit;
-}
-
 /** The block of `full` at `offset` with `shape`. */
 Tensor narrow_to(Tensor full, const Shape& offset, const Shape& shape) {
   for (size_t d = 0; d < shape.size(); ++d)
@@ -117,6 +111,7 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   }
   mesh_groups_ = std::move(mesh_groups);
   schedule_ = std::move(schedule);
+  hsdp_options_ = options;
 }
 
 void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params) {
@@ -149,11 +144,11 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
       piece.shape = DTensor::local_shape_at(p.logical_shape(), p.layout->mesh(), p.layout->placements(),
                                             a.shard_coordinates[s], &piece.offset);
       piece.packed = chunk_used[s];
-      chunk_used[s] = align_up(chunk_used[s] + shape_numel(piece.shape), dtype);
+      chunk_used[s] = align_to_512_bytes(chunk_used[s] + shape_numel(piece.shape), dtype);
     }
     ns_rank[i] = a.ns_ranks[size_t(std::find(a.params.begin(), a.params.end(), &p) - a.params.begin())];
     update_offset[i] = update_used[size_t(ns_rank[i])];
-    update_used[size_t(ns_rank[i])] = align_up(update_offset[i] + shape_numel(p.logical_shape()), dtype);
+    update_used[size_t(ns_rank[i])] = align_to_512_bytes(update_offset[i] + shape_numel(p.logical_shape()), dtype);
   }
   const int64_t chunk = *std::max_element(chunk_used.begin(), chunk_used.end());
 

@@ -52,7 +52,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
 
 void MuonSwapAdapter::begin_step() {
   for (ParamGroup& g : muon_.param_groups()) g.step += 1;
-  if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>();
+  if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.stream(), muon_.hsdp_options().broadcast_buffer_bytes);
 }
 
 void MuonSwapAdapter::finish_step() {

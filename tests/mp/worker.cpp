@@ -161,7 +161,10 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
   bare.add_param_group(bare_params);
   inner.add_param_group(swap_params);
   HsdpOptions options;
-  if (replica_count > 0) options.replica_count = replica_count;
+  if (replica_count > 0) {
+    options.replica_count = replica_count;
+    options.broadcast_buffer_bytes = 4096;  // several broadcast buffers, large params in their own
+  }
   if (replicas == 4) {  // checked before any sub-group is made: no rank enters a collective
     HsdpOptions bad;
     bad.replica_count = 3;

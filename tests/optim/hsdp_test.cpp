@@ -118,6 +118,9 @@ TEST_CASE("HSDP errors are named") {
   bad.cap_bytes = 0;
   CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] HSDP cap_bytes must be >= 1, got 0", Error);
   bad = {};
+  bad.broadcast_buffer_bytes = 0;
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] HSDP broadcast_buffer_bytes must be >= 1, got 0", Error);
+  bad = {};
   bad.replica_count = 0;
   CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] hsdp_replica_count must be >= 1, got 0", Error);
 

@@ -21,6 +21,9 @@ struct HsdpOptions {
    *  broadcasts within itself (k = 1: every replica computes everything, no broadcast). Unset: all
    *  R replicas form one block. Must divide every R it applies to (R < k: all R). */
   std::optional<int64_t> replica_count;
+  /** The replicate broadcast packs each owner's params into buffers of at most this many bytes
+   *  (a larger param gets one of its own). */
+  int64_t broadcast_buffer_bytes = 512LL << 20;
 
   /** Throws "[Muon] <option> ..." for a bad value. */
   void validate() const;
@@ -49,6 +52,10 @@ struct HsdpAssignment {
   /** Logical bytes of every param (rank-independent partition cost). */
   int64_t logical_bytes() const;
 };
+
+/** `elements` of `dtype` rounded up to a multiple of 512 bytes: where the next tensor starts in a
+ *  packed HSDP buffer. */
+int64_t align_to_512_bytes(int64_t elements, DType dtype);
 
 /** Splits `params` (one group, one domain) into assignments of at most `cap_bytes` x `replicas`
  *  logical bytes (soft cap: a param is appended, then the batch closes once it reaches the cap),

@@ -107,6 +107,7 @@ class Muon : public Optimizer {
   /** Every assignment in schedule order: for each assignment index, each group, each domain (the
    *  same order on every rank). Empty without HSDP. */
   const std::vector<HsdpAssignment>& hsdp_schedule() const { return schedule_; }
+  const HsdpOptions& hsdp_options() const { return hsdp_options_; }
   /** False for a param HSDP gives to another replica: loading a checkpoint skips its state. */
   bool keeps_state(const Param& param) const override;
   /** Params of `group` updated locally: all of them without HSDP (a sharded one is an error then),
@@ -163,6 +164,7 @@ class Muon : public Optimizer {
   std::vector<MuonOptions> options_;
   std::unique_ptr<MeshGroups> mesh_groups_;  // with HSDP
   std::vector<HsdpAssignment> schedule_;
+  HsdpOptions hsdp_options_;
 };
 
 }  // namespace swapopt
