@@ -31,20 +31,22 @@ struct GlooWorld {
   std::chrono::milliseconds timeout;
 };
 
+/** The error crosses threads as its message: wait() throws a fresh Error on the waiting thread,
+ *  so no exception object is shared between the worker and the caller. */
 class GlooWork final : public Work {
  public:
-  void finish(std::exception_ptr error) {
-    error_ = error;
+  void finish(std::string error) {
+    error_ = std::move(error);
     mark_.signal();
   }
   void wait() override {
     mark_.wait();
-    if (error_) std::rethrow_exception(error_);
+    if (!error_.empty()) throw Error(error_);
   }
 
  private:
   cpu::CompletionMark mark_;
-  std::exception_ptr error_;
+  std::string error_;  // empty: success
 };
 
 class GlooCommunicator final : public Communicator {
@@ -169,10 +171,9 @@ class GlooCommunicator final : public Communicator {
         [work, fn = std::move(fn), collective, rank] {
           try {
             fn();
-            work->finish(nullptr);
+            work->finish({});
           } catch (const std::exception& e) {
-            work->finish(std::make_exception_ptr(Error(std::string("[comm] ") + collective + " on rank " +
-                                                       std::to_string(rank) + ": " + e.what())));
+            work->finish(std::string("[comm] ") + collective + " on rank " + std::to_string(rank) + ": " + e.what());
           }
         },
         true);
