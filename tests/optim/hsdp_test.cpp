@@ -1,5 +1,7 @@
 // HSDP Muon in one process: the plan's greedy rules, a one-rank mesh, and every named error. The
 // multi-process runs are in tests/mp.
+#include <algorithm>
+
 #include "swapopt/optim/hsdp_checkpoint.h"
 #include "swapopt/optim/muon.h"
 #include "test_util.h"
@@ -8,12 +10,15 @@ using namespace swapopt;
 
 namespace {
 
-/** A group of one rank: collectives are the identity, so no process or network is needed. */
-class SoloCommunicator final : public Communicator {
+/** A stand-in group with no process behind it: collectives work at size 1 (the identity) and
+ *  throw otherwise; sub_group() records what it was asked for. */
+class FakeCommunicator final : public Communicator {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string backend() const override { return "solo"; }
+  using SubGroupLog = std::vector<std::pair<std::vector<int>, std::string>>;
+  explicit FakeCommunicator(int rank = 0, int size = 1, SubGroupLog* log = nullptr) : rank_(rank), size_(size), log_(log) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "fake"; }
   WorkPtr broadcast(const Tensor&, int) override { return done(); }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     Stream s(Device::cpu());
@@ -24,15 +29,22 @@ class SoloCommunicator final : public Communicator {
   WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override { return all_gather(in, out); }
   WorkPtr all_reduce(const Tensor&) override { return done(); }
   void barrier() override {}
-  std::unique_ptr<Communicator> sub_group(const std::vector<int>&, const std::string&) override {
-    return std::make_unique<SoloCommunicator>();
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
+    if (log_ != nullptr) log_->push_back({ranks, name});
+    const int sub_rank = int(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+    return std::make_unique<FakeCommunicator>(sub_rank, int(ranks.size()));
   }
 
  private:
   struct Done final : Work {
     void wait() override {}
   };
-  static WorkPtr done() { return std::make_shared<Done>(); }
+  WorkPtr done() const {
+    if (size_ != 1) throw Error("FakeCommunicator runs collectives at size 1 only");
+    return std::make_shared<Done>();
+  }
+  int rank_, size_;
+  SubGroupLog* log_;
 };
 
 ParamPtr matrix(const std::string& name, int64_t rows, int64_t cols, uint32_t seed) {
@@ -69,6 +81,36 @@ TEST_CASE("HSDP plan: soft cap per replica count, owners and NS ranks greedy by 
   CHECK(split[2].params == std::vector<Param*>{params[3], params[4]});
 }
 
+TEST_CASE("MeshGroups: indices along mesh dims, the members and names of each group, blocks, caching") {
+  FakeCommunicator::SubGroupLog log;
+  auto world = std::make_shared<FakeCommunicator>(4, 6, &log);
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 3}, std::vector<std::string>{"replicate", "shard"}, 4);
+  MeshGroups groups(world, mesh, "t");  // rank 4 is at (1, 1)
+  CHECK(groups.size({0}) == 2);
+  CHECK(groups.size({1}) == 3);
+  CHECK(groups.size({0, 1}) == 6);
+  CHECK(groups.index({0}) == 1);
+  CHECK(groups.index({1}) == 1);
+  CHECK(groups.index({0, 1}) == 4);
+  CHECK(groups.coordinate_at({1}, 2) == std::vector<int64_t>{1, 2});
+  CHECK(groups.coordinate_at({0}, 0) == std::vector<int64_t>{0, 1});
+
+  auto shards = groups.group({1}, 3);
+  CHECK(shards->rank() == 1);
+  CHECK(shards->size() == 3);
+  auto replicas = groups.group({0}, 2);
+  CHECK(replicas->rank() == 1);
+  CHECK(groups.group({0, 1}, 6) == std::shared_ptr<Communicator>(world));  // the whole world: no new group
+  auto pair = groups.group({0, 1}, 2);  // blocks of 2 over all 6: this rank's is {4, 5}
+  CHECK(pair->rank() == 0);
+  CHECK(groups.group({1}, 3) == shards);  // cached
+  REQUIRE(log.size() == 3);
+  CHECK(log[0] == FakeCommunicator::SubGroupLog::value_type{{3, 4, 5}, "t/dims.1/block3/first3"});
+  CHECK(log[1] == FakeCommunicator::SubGroupLog::value_type{{1, 4}, "t/dims.0/block2/first1"});
+  CHECK(log[2] == FakeCommunicator::SubGroupLog::value_type{{4, 5}, "t/dims.0.1/block2/first4"});
+  CHECK_THROWS_WITH_AS(groups.group({1}, 2), "[MeshGroups] block 2 does not divide 3 ranks", Error);
+}
+
 TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no owned state") {
   auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
   std::vector<ParamPtr> plain_params, hsdp_params;
@@ -83,7 +125,7 @@ TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no o
   Muon plain(Stream(Device::cpu())), hsdp(Stream(Device::cpu()));
   plain.add_param_group(plain_params);
   hsdp.add_param_group(hsdp_params);
-  hsdp.enable_hsdp(std::make_shared<SoloCommunicator>());
+  hsdp.enable_hsdp(std::make_shared<FakeCommunicator>());
   CHECK(hsdp.hsdp_schedule().size() == 2);  // two domains, one assignment each; w2 stays local
   CHECK(hsdp.local_params(0) == std::vector<Param*>{hsdp_params[2].get()});
   for (int step = 1; step <= 2; ++step) {
@@ -102,7 +144,7 @@ TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no o
 }
 
 TEST_CASE("HSDP errors are named") {
-  auto solo = std::make_shared<SoloCommunicator>();
+  auto solo = std::make_shared<FakeCommunicator>();
   auto mesh11 = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
   auto mesh21 = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
   auto mesh12 = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, 0);
