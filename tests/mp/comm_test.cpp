@@ -60,6 +60,13 @@ TEST_SUITE("mp") {
     }
   }
 
+  TEST_CASE("sharded HSDP: a grad missing on one rank of a shard group is a named error on every rank") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    expect_all_ok(test::launch_ranks(2, {SWAPOPT_MP_WORKER, "hsdp_grad_mismatch"}, {{"SWAPOPT_RENDEZVOUS", dir}},
+                                     std::chrono::seconds(60)));
+    std::system(("rm -rf " + dir).c_str());
+  }
+
   TEST_CASE("a dead rank: the others fail with the named error within the timeout") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
     const auto r = test::launch_ranks(3, {SWAPOPT_MP_WORKER, "dead_rank"},

@@ -236,6 +236,29 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
   expect(same(bare_params, resumed_params), "resumed from the full copy equals the uninterrupted run");
 }
 
+/** Mesh 1 x size: the last rank lacks one sharded param's grad; every rank fails with the named
+ *  error instead of packing mismatched chunks (or hanging). */
+void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm) {
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, comm->size()}, std::vector<std::string>{"replicate", "shard"},
+                                           comm->rank());
+  auto params = hsdp_model(mesh, true);
+  Muon muon(Stream(Device::cpu()));
+  muon.add_param_group(params);
+  muon.enable_hsdp(comm);
+  hsdp_grads(params, 1, mesh.get());
+  if (comm->rank() == comm->size() - 1) params[0]->grad = Tensor();
+  try {
+    muon.step();
+    expect(false, "a grad missing on one rank went unnoticed");
+  } catch (const Error& e) {
+    std::printf("named error: %s\n", e.what());
+    expect(std::string(e.what()) == "[Muon] rank " + std::to_string(comm->size() - 1) +
+                                        " of the shard group of 'w0' steps other params than rank 0 (a grad is missing on "
+                                        "some ranks): every rank of a shard group must step the same params",
+           "the mismatch is named");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,6 +273,8 @@ int main(int argc, char** argv) {
       hsdp(std::shared_ptr<Communicator>(std::move(comm)), std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]));
       std::printf("rank done: %d failures\n", failures);
       return failures == 0 ? 0 : 1;
+    } else if (scenario == "hsdp_grad_mismatch") {
+      hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)));
     } else if (scenario == "dead_rank") {
       // The last rank leaves before the collective; the others must fail with a named error in time.
       if (comm->rank() == comm->size() - 1) std::_Exit(3);
