@@ -12,7 +12,7 @@ namespace swapopt::test {
 
 /** name -> f32 CPU tensor. */
 inline std::map<std::string, Tensor> read_golden(const std::string& file) {
-  const std::string path = std::string(SWAPOPT_GOLDEN_DIR) + "/" + file;
+  const std::string path = test_path(SWAPOPT_GOLDEN_DIR, "../../tests/golden") + "/" + file;
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot open " << path);
   std::map<std::string, Tensor> out;

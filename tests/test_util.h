@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,13 @@
 #include "swapopt/swapopt.h"
 
 namespace swapopt::test {
+
+/** `baked` (an absolute path recorded at build time) when it exists, else `relative` to this test
+ *  binary's directory: the tree may have been copied elsewhere since (e.g. to a GPU machine). */
+inline std::string test_path(const std::string& baked, const std::string& relative) {
+  if (std::filesystem::exists(baked)) return baked;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / relative).string();
+}
 
 /** Deterministic values in [-1, 1). */
 inline std::vector<float> random_values(size_t n, uint32_t seed) {

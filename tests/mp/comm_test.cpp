@@ -12,6 +12,9 @@ using namespace swapopt;
 
 namespace {
 
+/** The worker program next to this test binary. */
+std::string worker() { return test::test_path(SWAPOPT_MP_WORKER, "swapopt-mp-worker"); }
+
 void expect_all_ok(const test::LaunchResult& r) {
   CHECK_FALSE(r.timed_out);
   for (size_t i = 0; i < r.ranks.size(); ++i) {
@@ -28,7 +31,7 @@ TEST_SUITE("mp") {
     for (int n : {2, 4}) {
       CAPTURE(n);
       const std::string dir = test::make_temp_dir("swapopt_rdzv_");
-      expect_all_ok(test::launch_ranks(n, {SWAPOPT_MP_WORKER, "collectives"}, {{"SWAPOPT_RENDEZVOUS", dir}},
+      expect_all_ok(test::launch_ranks(n, {worker(), "collectives"}, {{"SWAPOPT_RENDEZVOUS", dir}},
                                        std::chrono::seconds(60)));
       std::system(("rm -rf " + dir).c_str());
     }
@@ -42,7 +45,7 @@ TEST_SUITE("mp") {
       CAPTURE(shards);
       const std::string dir = test::make_temp_dir("swapopt_rdzv_");
       expect_all_ok(test::launch_ranks(replicas * shards,
-                                       {SWAPOPT_MP_WORKER, "hsdp", std::to_string(replicas), std::to_string(shards), "0"},
+                                       {worker(), "hsdp", std::to_string(replicas), std::to_string(shards), "0"},
                                        {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
       std::system(("rm -rf " + dir).c_str());
     }
@@ -54,7 +57,7 @@ TEST_SUITE("mp") {
       CAPTURE(count);
       const std::string dir = test::make_temp_dir("swapopt_rdzv_");
       expect_all_ok(test::launch_ranks(
-          replicas * shards, {SWAPOPT_MP_WORKER, "hsdp", std::to_string(replicas), std::to_string(shards), std::to_string(count)},
+          replicas * shards, {worker(), "hsdp", std::to_string(replicas), std::to_string(shards), std::to_string(count)},
           {{"SWAPOPT_RENDEZVOUS", dir}}, std::chrono::seconds(120)));
       std::system(("rm -rf " + dir).c_str());
     }
@@ -62,14 +65,14 @@ TEST_SUITE("mp") {
 
   TEST_CASE("sharded HSDP: a grad missing on one rank of a shard group is a named error on every rank") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
-    expect_all_ok(test::launch_ranks(2, {SWAPOPT_MP_WORKER, "hsdp_grad_mismatch"}, {{"SWAPOPT_RENDEZVOUS", dir}},
+    expect_all_ok(test::launch_ranks(2, {worker(), "hsdp_grad_mismatch"}, {{"SWAPOPT_RENDEZVOUS", dir}},
                                      std::chrono::seconds(60)));
     std::system(("rm -rf " + dir).c_str());
   }
 
   TEST_CASE("a dead rank: the others fail with the named error within the timeout") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
-    const auto r = test::launch_ranks(3, {SWAPOPT_MP_WORKER, "dead_rank"},
+    const auto r = test::launch_ranks(3, {worker(), "dead_rank"},
                                       {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "3000"}}, std::chrono::seconds(30));
     CHECK_FALSE(r.timed_out);
     CHECK(r.seconds < 20.0);
@@ -90,7 +93,7 @@ TEST_SUITE("mp") {
     REQUIRE(std::system(start.c_str()) == 0);
     for (int i = 0; i < 100 && std::system(("redis-cli -p " + std::to_string(port) + " ping >/dev/null 2>&1").c_str()) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    expect_all_ok(test::launch_ranks(2, {SWAPOPT_MP_WORKER, "collectives"}, {{"SWAPOPT_REDIS", "127.0.0.1:" + std::to_string(port)}},
+    expect_all_ok(test::launch_ranks(2, {worker(), "collectives"}, {{"SWAPOPT_REDIS", "127.0.0.1:" + std::to_string(port)}},
                                      std::chrono::seconds(60)));
     std::system(("redis-cli -p " + std::to_string(port) + " shutdown nosave >/dev/null 2>&1").c_str());
     std::system(("rm -rf " + dir).c_str());

@@ -277,7 +277,13 @@ int main(int argc, char** argv) {
       hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)));
     } else if (scenario == "dead_rank") {
       // The last rank leaves before the collective; the others must fail with a named error in time.
-      if (comm->rank() == comm->size() - 1) std::_Exit(3);
+      // The barrier and the pause first let every rank finish connecting (a rank that leaves
+      // during the rendezvous fails it instead, which is not what this tests).
+      comm->barrier();
+      if (comm->rank() == comm->size() - 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        std::_Exit(3);
+      }
       Tensor t = filled(1024, 1.f);
       try {
         comm->all_reduce(t)->wait();
