@@ -203,8 +203,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
       world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
     }
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
-    if (const char* host = std::getenv("SWAPOPT_HOSTNAME")) attr.hostname = host;
+    attr.hostname = env.hostname;
     world->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const Error&) {
     throw;

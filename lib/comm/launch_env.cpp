@@ -31,6 +31,7 @@ LaunchEnv LaunchEnv::from_environment() {
   env.timeout = std::chrono::milliseconds(int_var("SWAPOPT_TIMEOUT_MS", false, 30000));
   if (const char* redis = std::getenv("SWAPOPT_REDIS")) env.redis = redis;
   if (const char* dir = std::getenv("SWAPOPT_RENDEZVOUS")) env.rendezvous_dir = dir;
+  if (const char* host = std::getenv("SWAPOPT_HOSTNAME"); host != nullptr && *host != '\0') env.hostname = host;
   SWAPOPT_CHECK(env.world_size >= 1 && env.rank < env.world_size,
                 "[comm] RANK " << env.rank << " is outside WORLD_SIZE " << env.world_size);
   SWAPOPT_CHECK(!env.redis.empty() || !env.rendezvous_dir.empty(),

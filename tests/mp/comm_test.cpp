@@ -99,7 +99,7 @@ TEST_SUITE("mp") {
     std::system(("rm -rf " + dir).c_str());
   }
 
-  TEST_CASE("launch environment errors are named") {
+  TEST_CASE("the launch environment: every variable read, errors named") {
     ::unsetenv("RANK");
     CHECK_THROWS_WITH_AS(LaunchEnv::from_environment(), "[comm] environment variable RANK is not set", Error);
     ::setenv("RANK", "x", 1);
@@ -110,7 +110,16 @@ TEST_SUITE("mp") {
     ::unsetenv("SWAPOPT_REDIS");
     CHECK_THROWS_WITH_AS(LaunchEnv::from_environment(),
                          "[comm] set SWAPOPT_RENDEZVOUS (a shared directory) or SWAPOPT_REDIS (host:port) for the rendezvous", Error);
-    ::unsetenv("RANK");
-    ::unsetenv("WORLD_SIZE");
+    ::setenv("SWAPOPT_RENDEZVOUS", "/tmp/rdzv", 1);
+    ::setenv("SWAPOPT_HOSTNAME", "10.0.0.5", 1);
+    ::setenv("SWAPOPT_TIMEOUT_MS", "1234", 1);
+    const LaunchEnv env = LaunchEnv::from_environment();
+    CHECK(env.rank == 1);
+    CHECK(env.world_size == 2);
+    CHECK(env.local_rank == 1);  // defaults to RANK
+    CHECK(env.rendezvous_dir == "/tmp/rdzv");
+    CHECK(env.hostname == "10.0.0.5");
+    CHECK(env.timeout == std::chrono::milliseconds(1234));
+    for (const char* name : {"RANK", "WORLD_SIZE", "SWAPOPT_RENDEZVOUS", "SWAPOPT_HOSTNAME", "SWAPOPT_TIMEOUT_MS"}) ::unsetenv(name);
   }
 }

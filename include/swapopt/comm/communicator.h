@@ -45,16 +45,19 @@ class Communicator {
 };
 
 /** How ranks find each other, like torchrun: RANK, WORLD_SIZE, LOCAL_RANK, plus either
- *  SWAPOPT_RENDEZVOUS (a directory on a filesystem every rank sees) or SWAPOPT_REDIS ("host:port"). */
+ *  SWAPOPT_RENDEZVOUS (a directory on a filesystem every rank sees) or SWAPOPT_REDIS ("host:port");
+ *  SWAPOPT_HOSTNAME is the address the other ranks reach this one at (set it across hosts),
+ *  SWAPOPT_TIMEOUT_MS the limit on every collective. */
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
   std::string rendezvous_dir;  // FileStore
   std::string redis;           // "host:port"; takes precedence over rendezvous_dir
+  std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
   std::chrono::milliseconds timeout{30000};
 
-  /** Reads the variables above (and SWAPOPT_TIMEOUT_MS); throws naming a missing or bad one. */
+  /** Reads the variables above; throws naming a missing or bad one. */
   static LaunchEnv from_environment();
 };
 
