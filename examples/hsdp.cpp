@@ -5,6 +5,7 @@
 // shard, and lives in host memory between steps.
 //
 //   swapopt-hsdp [--mesh 2x2] [--hidden 256] [--layers 5] [--steps 60] [--batch 128] [--swap-times 3]
+//                [--no-swap]
 //
 // Without RANK in the environment it launches the mesh's ranks itself (fork + exec of this program
 // with RANK, WORLD_SIZE, LOCAL_RANK and a FileStore rendezvous directory) and waits for them; with
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@ struct Config {
   int64_t input = 64, hidden = 256, layers = 5, output = 16, batch = 128;
   int steps = 60;
   int swap_times = 3;
+  bool swap = true;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -42,6 +45,10 @@ Config parse(int argc, char** argv) {
   Config c;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--no-swap") {
+      c.swap = false;
+      continue;
+    }
     if (i + 1 >= argc) usage("missing value for " + flag);
     const std::string value = argv[++i];
     if (flag == "--mesh") {
@@ -152,7 +159,8 @@ int run_rank(const Config& c) {
   muon.enable_hsdp(world, hsdp);
   SwapConfig swap;
   swap.swap_times = c.swap_times;
-  auto swapped = swap_muon(muon, swap);
+  std::unique_ptr<SwapOptimizer> swapped = c.swap ? swap_muon(muon, swap) : nullptr;
+  auto optimizer_step = [&] { c.swap ? swapped->step() : muon.step(); };
 
   if (lead)
     std::printf("swapopt-hsdp: mesh %lldx%lld (replicate x shard), %lld layers of %lld, batch %lld per rank, %d steps\n",
@@ -162,6 +170,7 @@ int run_rank(const Config& c) {
   std::normal_distribution<float> normal(0.f, 1.f);
   float first_loss = 0.f, loss = 0.f;
   double total_ms = 0.0;
+  std::vector<double> optimizer_ms;  // the optimizer step alone, per step
   for (int step = 1; step <= c.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor x = random_matrix(data, {c.batch, c.input}, 1.f);
@@ -211,8 +220,10 @@ int run_rank(const Config& c) {
       ops::copy(stream, grad.narrow(0, first, rows), weights[k]->grad);
       ops::scale(stream, weights[k]->grad, 1.f / float(env.world_size));
     }
-    swapped->step();
+    const auto t_opt = std::chrono::steady_clock::now();
+    optimizer_step();
     stream.synchronize();
+    optimizer_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count());
 
     Tensor mean_loss = Tensor::from_floats({float(sum / double(dy.numel()))}, {1});
     world->all_reduce(mean_loss)->wait();
@@ -236,8 +247,12 @@ int run_rank(const Config& c) {
     std::printf("  steps/s: %.2f (%.1f ms/step)\n", 1000.0 * c.steps / total_ms, total_ms / c.steps);
     std::printf("  momentum of one unsharded Muon: %zu bytes; held by rank 0: %zu, by all %lld ranks: %.0f\n", unsharded, held,
                 (long long)env.world_size, double(held_total.data<float>()[0]));
-    std::printf("  device-resident momentum on rank 0 at the step's peak (swapped): %zu bytes\n",
-                swapped->last_report().peak_resident_bytes);
+    std::sort(optimizer_ms.begin(), optimizer_ms.end());
+    std::printf("  optimizer step on rank 0: median %.2f ms (%s)\n", optimizer_ms[optimizer_ms.size() / 2],
+                c.swap ? "swapped" : "not swapped");
+    if (c.swap)
+      std::printf("  device-resident momentum on rank 0 at the step's peak (swapped): %zu bytes\n",
+                  swapped->last_report().peak_resident_bytes);
   }
   return loss < first_loss ? 0 : 1;
 }
