@@ -58,7 +58,9 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
                                                       << shape_str(first->layout->mesh().shape()) << "; HSDP needs one mesh");
     }
   SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
-  auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(), "hsdp" + std::to_string(hsdp_instances++));
+  const int instance = hsdp_instances++;  // counted whether named or not, so ranks stay in step
+  auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(),
+                                                  options.name.empty() ? "hsdp" + std::to_string(instance) : options.name);
 
   // Per group, per domain (replicate and shard mesh dims, in order of first appearance): assignments.
   std::vector<std::vector<std::vector<HsdpAssignment>>> plans(groups_.size());

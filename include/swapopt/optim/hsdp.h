@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "swapopt/comm/communicator.h"
@@ -24,6 +25,10 @@ struct HsdpOptions {
   /** The replicate broadcast packs each owner's params into buffers of at most this many bytes
    *  (a larger param gets one of its own). */
   int64_t broadcast_buffer_bytes = 512LL << 20;
+  /** Prefix of the sub-groups' rendezvous names, unique per optimizer of a job. Empty: "hsdp<n>",
+   *  n counting enable_hsdp calls in this process (the same on every rank when each creates its
+   *  optimizers in the same order; ranks that share a process need names of their own). */
+  std::string name;
 
   /** Throws "[Muon] <option> ..." for a bad value. */
   void validate() const;

@@ -1,0 +1,136 @@
+#pragma once
+// An in-process Communicator whose ranks are threads: collectives copy between the ranks' tensors
+// directly (on any one device), so sharded HSDP runs in one process, on the CPU or on one GPU.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "swapopt/swapopt.h"
+
+namespace swapopt::test {
+
+/** The rendezvous of one group of threads: every collective is deposit, barrier, read, barrier. */
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), slots_(size_t(size)) {}
+  /** Publishes `mine` as rank `rank`'s tensor, runs `read` once every rank has published (it may
+   *  read all of them), and returns once every rank has finished reading. */
+  void exchange(int rank, const Tensor* mine, const std::function<void(const std::vector<const Tensor*>&)>& read) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slots_[size_t(rank)] = mine;
+    }
+    barrier();
+    read(slots_);
+    barrier();
+  }
+
+ private:
+  /** Throws after a minute, so that a rank that failed never hangs the others. */
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return generation_ != generation; })) {
+      throw Error("[threads] a rank did not reach the barrier within 60 s");
+    }
+  }
+
+  int size_;
+  std::vector<const Tensor*> slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+/** Groups by name, shared by every rank of one in-process job. */
+struct ThreadWorld {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<ThreadGroup>> groups;
+
+  std::shared_ptr<ThreadGroup> group(const std::string& name, int size) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& g = groups[name];
+    if (!g) g = std::make_shared<ThreadGroup>(size);
+    return g;
+  }
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<ThreadWorld> world, const std::string& name, int rank, int size)
+      : world_(std::move(world)), group_(world_->group(name, size)), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "threads"; }
+
+  WorkPtr broadcast(const Tensor& tensor, int root) override {
+    group_->exchange(rank_, &tensor, [&](const std::vector<const Tensor*>& all) {
+      if (rank_ != root) copy(*all[size_t(root)], tensor);
+    });
+    return done();
+  }
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
+    const int64_t n = in.numel();
+    group_->exchange(rank_, &in, [&](const std::vector<const Tensor*>& all) {
+      for (int r = 0; r < size_; ++r) copy(all[size_t(r)]->view({n}), out.view({n * size_}).narrow(0, r * n, n));
+    });
+    return done();
+  }
+  WorkPtr all_reduce(const Tensor& tensor) override {
+    const Tensor sum = summed(tensor);
+    copy(sum, tensor);  // after every rank has read the inputs
+    return done();
+  }
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override {
+    const Tensor sum = summed(in);
+    copy(sum.view({in.numel()}).narrow(0, rank_ * out.numel(), out.numel()), out.view({out.numel()}));
+    return done();
+  }
+  void barrier() override {
+    group_->exchange(rank_, nullptr, [](const std::vector<const Tensor*>&) {});
+  }
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
+    const int sub_rank = int(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+    return std::make_unique<ThreadCommunicator>(world_, name, sub_rank, int(ranks.size()));
+  }
+
+ private:
+  struct Done final : Work {
+    void wait() override {}
+  };
+  static WorkPtr done() { return std::make_shared<Done>(); }
+
+  static void copy(const Tensor& src, const Tensor& dst) {
+    Stream s(dst.device());
+    ops::copy(s, src, dst);
+    s.synchronize();
+  }
+  /** The elementwise sum of every rank's `tensor` (f32), in a new tensor of this rank. */
+  Tensor summed(const Tensor& tensor) {
+    const Tensor sum = Tensor::zeros(tensor.shape(), DType::f32, tensor.device());
+    group_->exchange(rank_, &tensor, [&](const std::vector<const Tensor*>& all) {
+      Stream s(tensor.device());
+      for (const Tensor* t : all) ops::axpby(s, 1.f, *t, 1.f, sum);
+      s.synchronize();
+    });
+    return sum;
+  }
+
+  std::shared_ptr<ThreadWorld> world_;
+  std::shared_ptr<ThreadGroup> group_;
+  int rank_, size_;
+};
+
+}  // namespace swapopt::test
