@@ -36,9 +36,10 @@ run() {
   export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/runtime-libs:${LD_LIBRARY_PATH:-}"
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
   local status=0
-  # CUDA backend vs the CPU one, then NCCL at world size 1, then the whole suite.
+  # CUDA backend vs the CPU one, NCCL at world size 1, sharded HSDP on thread ranks, the whole suite.
   "$BUILD/tests/swapopt-tests" -ts=cuda 2>&1 | tee "$out/tests-cuda.txt" || status=1
   "$BUILD/tests/swapopt-tests" -tc="NCCL*" 2>&1 | tee "$out/tests-nccl.txt" || status=1
+  "$BUILD/tests/swapopt-tests" -tc="*on one GPU*" 2>&1 | tee "$out/tests-hsdp-gpu.txt" || status=1
   "$BUILD/tests/swapopt-tests" 2>&1 | tail -n 30 > "$out/tests-all.txt" || status=1
   for b in ns momentum swap step adamw; do
     timeout 120 "$BUILD/bench/swapopt-bench" "$b" --device cuda > "$out/bench-$b.jsonl" 2> "$out/bench-$b.txt" || status=1
