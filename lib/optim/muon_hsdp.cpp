@@ -132,10 +132,11 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
 
   // Every rank of the shard group must step the same params (the packing below depends on it):
   // compare a fingerprint of the list first, so a mismatch fails on every rank alike.
+  std::vector<size_t> position(params.size());  // of params[i] in the assignment
+  for (size_t i = 0; i < params.size(); ++i)
+    position[i] = size_t(std::find(a.params.begin(), a.params.end(), params[i]) - a.params.begin());
   uint32_t fingerprint = 0;  // < 2^24: exact in f32
-  for (const Param* p : params)
-    fingerprint = (fingerprint * 31u + uint32_t(std::find(a.params.begin(), a.params.end(), p) - a.params.begin()) + 1u) &
-                  0xffffffu;
+  for (size_t pos : position) fingerprint = (fingerprint * 31u + uint32_t(pos) + 1u) & 0xffffffu;
   const Tensor mine = Tensor::from_floats({float(params.size()), float(fingerprint)}, {2}).to(device());
   const Tensor all = Tensor::empty({2 * int64_t(ranks)}, DType::f32, device());
   shards.all_gather(mine, all)->wait();
@@ -165,7 +166,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
       piece.packed = chunk_used[s];
       chunk_used[s] = align_to_512_bytes(chunk_used[s] + shape_numel(piece.shape), dtype);
     }
-    ns_rank[i] = a.ns_ranks[size_t(std::find(a.params.begin(), a.params.end(), &p) - a.params.begin())];
+    ns_rank[i] = a.ns_ranks[position[i]];
     update_offset[i] = update_used[size_t(ns_rank[i])];
     update_used[size_t(ns_rank[i])] = align_to_512_bytes(update_offset[i] + shape_numel(p.logical_shape()), dtype);
   }
@@ -222,8 +223,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
 void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                              const std::vector<Param*>& owned_with_grad) {
   run_post_update(assignment.group, owned_with_grad);
-  stream_.synchronize();  // the broadcasts read the owners' updated params
-  broadcaster.flush(assignment);
+  broadcaster.flush(assignment);  // packs on stream_, after the update and the hooks
 }
 
 }  // namespace swapopt

@@ -51,7 +51,7 @@ void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
   for (Buffer& b : buffers)
     if (!b.receive)
       for (size_t i = 0; i < b.params.size(); ++i)
-        ops::copy(stream_, b.params[i]->data, b.packed.narrow(0, b.offsets[i], b.params[i]->data.numel()).view(b.params[i]->data.shape()));
+        ops::copy(stream_, b.params[i]->data, b.slot(i));  // after the update: same stream
   stream_.synchronize();  // the broadcasts read the packed buffers now
   for (Buffer& b : buffers) {
     b.work = assignment.replicas->broadcast(b.packed, b.root);
@@ -71,9 +71,7 @@ void AsyncReplicateBroadcaster::wait_all() {
       throw;  // the destructor waits for the rest before their buffers go
     }
     if (!b.receive) continue;
-    for (size_t i = 0; i < b.params.size(); ++i)
-      ops::copy(stream_, b.packed.narrow(0, b.offsets[i], b.params[i]->data.numel()).view(b.params[i]->data.shape()),
-                b.params[i]->data);
+    for (size_t i = 0; i < b.params.size(); ++i) ops::copy(stream_, b.slot(i), b.params[i]->data);
   }
 }
 

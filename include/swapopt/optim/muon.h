@@ -118,8 +118,7 @@ class Muon : public Optimizer {
    *  ranks, broadcast of the updates, each rank's slice applied (synchronises the stream). */
   void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params);
   /** After update_assignment: post_update_fn for `owned_with_grad`, then the broadcast of every
-   *  param of the assignment from its owner (synchronises the stream first: the broadcasts read the
-   *  updated params). */
+   *  param of the assignment from its owner (packed on the stream, after the update). */
   void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                          const std::vector<Param*>& owned_with_grad);
 

@@ -24,8 +24,8 @@ class AsyncReplicateBroadcaster {
   AsyncReplicateBroadcaster(const AsyncReplicateBroadcaster&) = delete;
   AsyncReplicateBroadcaster& operator=(const AsyncReplicateBroadcaster&) = delete;
 
-  /** Packs the owners' params and starts the broadcasts. The caller has synchronised `stream`
-   *  since the update: the packing reads the params. */
+  /** Packs the owners' params (copies on `stream`, so after the update that precedes them there)
+   *  and starts the broadcasts. */
   void flush(const HsdpAssignment& assignment);
   /** Waits for the broadcasts in flight; receivers' params are written by copies enqueued on
    *  `stream`. */
@@ -39,6 +39,11 @@ class AsyncReplicateBroadcaster {
     int root = 0;                  // the owner
     bool receive = false;          // this rank is not the owner: unpack after the broadcast
     WorkPtr work;
+
+    /** Where params[i] lives in `packed`, shaped like it. */
+    Tensor slot(size_t i) const {
+      return packed.narrow(0, offsets[i], params[i]->data.numel()).view(params[i]->data.shape());
+    }
   };
   Stream& stream_;
   int64_t buffer_bytes_;
