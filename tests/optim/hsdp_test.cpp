@@ -116,8 +116,9 @@ TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no o
   std::vector<ParamPtr> plain_params, hsdp_params;
   const std::vector<std::vector<Placement>> layouts = {
       {Placement::Replicate(), Placement::Replicate()}, {Placement::Replicate(), Placement::Shard(1)}, {}};
+  const char* names[] = {"w0", "w1", "w2"};
   for (uint32_t i = 0; i < 3; ++i) {
-    plain_params.push_back(matrix("w" + std::to_string(i), 12 + i, 9, 10 + i));
+    plain_params.push_back(matrix(names[i], 12 + i, 9, 10 + i));
     hsdp_params.push_back(make_param(plain_params.back()->name, plain_params.back()->data.clone()));
     if (!layouts[i].empty())
       hsdp_params.back()->layout = DTensor(hsdp_params.back()->data, hsdp_params.back()->data.shape(), mesh, layouts[i]);
