@@ -172,6 +172,14 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return t;
 }
 
+Tensor Tensor::block(const Shape& offset, const Shape& shape) const {
+  SWAPOPT_CHECK(offset.size() == shape_.size() && shape.size() == shape_.size(),
+                "[Tensor::block] offset " << shape_str(offset) << " and shape " << shape_str(shape) << " for " << str());
+  Tensor t = *this;
+  for (size_t d = 0; d < shape.size(); ++d) t = t.narrow(int64_t(d), offset[d], shape[d]);
+  return t;
+}
+
 Tensor Tensor::select(int64_t d, int64_t index) const {
   const size_t i = size_t(wrap_dim(d, dim(), "Tensor::select"));
   SWAPOPT_CHECK(index >= 0 && index < shape_[i], "[Tensor::select] index " << index << " out of dim " << d << " of " << str());

@@ -14,13 +14,6 @@ namespace {
  *  rendezvous prefix of its sub-groups. */
 std::atomic<int> hsdp_instances{0};
 
-/** The block of `full` at `offset` with `shape`. */
-Tensor narrow_to(Tensor full, const Shape& offset, const Shape& shape) {
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (shape[d] != full.shape()[d]) full = full.narrow(int64_t(d), offset[d], shape[d]);
-  return full;
-}
-
 bool is_shard(const Param& p) { return p.layout && p.data.shape() != p.logical_shape(); }
 
 }  // namespace
@@ -196,7 +189,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
       const Piece& piece = pieces[i][s];
       const Tensor shard =
           gathered.narrow(0, int64_t(s) * chunk + piece.packed, shape_numel(piece.shape)).view(piece.shape);
-      ops::copy(stream_, shard, narrow_to(full, piece.offset, piece.shape));
+      ops::copy(stream_, shard, full.block(piece.offset, piece.shape));
     }
     const CoreShape cs = core_shape(full.shape());
     orthogonalize(a.group, full.view({cs.count, cs.rows, cs.cols}));
@@ -210,7 +203,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
   // Every rank applies its own slice.
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
-    Tensor slice = narrow_to(full_update(i), pieces[i][me].offset, pieces[i][me].shape);
+    Tensor slice = full_update(i).block(pieces[i][me].offset, pieces[i][me].shape);
     if (!slice.is_contiguous()) {
       Tensor packed = Tensor::empty(slice.shape(), dtype, device(), &stream_);
       ops::copy(stream_, slice, packed);

@@ -14,7 +14,7 @@ TEST_CASE("contiguous tensors: shape, strides, views share storage") {
   CHECK_THROWS_WITH_AS(t.view({5, -1}), "[Tensor::view] cannot view Tensor(f32, [3, 4], cpu) as [5, -1]", Error);
 }
 
-TEST_CASE("transpose, narrow and select make strided views") {
+TEST_CASE("transpose, narrow, block and select make strided views") {
   Tensor t = Tensor::from_floats({0, 1, 2, 3, 4, 5}, {2, 3});
   Tensor tt = t.transpose(0, 1);
   CHECK(tt.shape() == Shape{3, 2});
@@ -30,6 +30,10 @@ TEST_CASE("transpose, narrow and select make strided views") {
   CHECK_THROWS_WITH_AS(tt.view({6}), "[Tensor::view] Tensor(f32, [3, 2], cpu) is not contiguous", Error);
   CHECK_THROWS_WITH_AS(t.narrow(1, 2, 2), "[Tensor::narrow] range [2, 4) out of dim 1 of Tensor(f32, [2, 3], cpu)", Error);
   CHECK_THROWS_WITH_AS(t.select(2, 0), "[Tensor::select] dim 2 out of range for 2-D tensor", Error);
+  Tensor corner = t.block({1, 1}, {1, 2});
+  CHECK(corner.offset() == 4);
+  CHECK(corner.to_float_vector() == std::vector<float>{4, 5});
+  CHECK_THROWS_WITH_AS(t.block({0}, {1}), "[Tensor::block] offset [0] and shape [1] for Tensor(f32, [2, 3], cpu)", Error);
 }
 
 TEST_CASE("release and restore are seen by every view of a storage") {

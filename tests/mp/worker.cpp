@@ -97,9 +97,7 @@ Tensor local_of(const Tensor& full, const ParamSpec& spec, const DeviceMesh& mes
   if (spec.placements.empty()) return full;
   Shape offset;
   const Shape shape = DTensor::local_shape_at(spec.shape, mesh, spec.placements, mesh.coordinate(), &offset);
-  Tensor block = full;
-  for (size_t d = 0; d < shape.size(); ++d) block = block.narrow(int64_t(d), offset[d], shape[d]);
-  return block.clone();
+  return full.block(offset, shape).clone();
 }
 
 /** Whole tensors (`sharded` false: the single-process reference) or this rank's shards. */

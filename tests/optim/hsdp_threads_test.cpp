@@ -29,9 +29,7 @@ const std::vector<Spec>& specs() {
 Tensor block_of(const Tensor& full, const Spec& spec, const DeviceMesh& mesh) {
   Shape offset;
   const Shape shape = DTensor::local_shape_at(spec.shape, mesh, spec.placements, mesh.coordinate(), &offset);
-  Tensor b = full;
-  for (size_t d = 0; d < shape.size(); ++d) b = b.narrow(int64_t(d), offset[d], shape[d]);
-  return b.to(Device::cpu());
+  return full.block(offset, shape).to(Device::cpu());
 }
 
 Tensor values(const Shape& shape, size_t i, int step) {

@@ -75,6 +75,8 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   /** Elements [start, start+length) of dim `d`. */
   Tensor narrow(int64_t d, int64_t start, int64_t length) const;
+  /** The block at `offset` with `shape` (one entry per dim): narrow() on every dim. */
+  Tensor block(const Shape& offset, const Shape& shape) const;
   /** Index `index` of dim `d`, which is removed. */
   Tensor select(int64_t d, int64_t index) const;
 
