@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <unordered_set>
 
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/error.h"
@@ -169,29 +170,54 @@ std::vector<size_t> PipelineSwapRuntime::partition(const std::vector<int64_t>& c
 std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::span<UpdateUnit> units,
                                                                           const std::vector<size_t>& batch_sizes) const {
   std::vector<Batch> batches;
+  std::unordered_set<const SwapSlot*> seen;
   size_t start = 0;
   for (size_t size : batch_sizes) {
     Batch b;
     b.units = units.subspan(start, size);
     start += size;
-    for (size_t d = 0; d < 3; ++d) b.ranges[d] = {SIZE_MAX, 0};
+    seen.clear();
     for (UpdateUnit& u : b.units)
-      for (SwapSlot* s : u.slots) {
-        if (std::find(b.slots.begin(), b.slots.end(), s) != b.slots.end()) continue;
-        b.slots.push_back(s);
-        Range& r = b.ranges[size_t(s->host.dtype())];
-        r.begin = std::min(r.begin, s->host_offset);
-        r.end = std::max(r.end, s->host_offset + s->nbytes());
-      }
-    for (size_t d = 0; d < 3; ++d) {
-      if (b.ranges[d].begin == SIZE_MAX) b.ranges[d] = {0, 0};
-      b.resident += config_.packed ? b.ranges[d].end - b.ranges[d].begin : 0;
-    }
-    if (!config_.packed)
+      for (SwapSlot* s : u.slots)
+        if (seen.insert(s).second) b.slots.push_back(s);
+    if (!config_.packed) {
       for (SwapSlot* s : b.slots) b.resident += s->nbytes();
+      batches.push_back(std::move(b));
+      continue;
+    }
+    // Runs: the batch's slots of each dtype in mirror order, merged where the next one starts
+    // where the mirror layout put the slot after the previous one (so no other slot lies between).
+    std::vector<size_t> order(b.slots.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      const SwapSlot& a = *b.slots[x];
+      const SwapSlot& c = *b.slots[y];
+      return std::pair(a.host.dtype(), a.host_offset) < std::pair(c.host.dtype(), c.host_offset);
+    });
+    b.arena_offsets.assign(b.slots.size(), 0);
+    for (size_t i : order) {
+      const SwapSlot& s = *b.slots[i];
+      const size_t d = size_t(s.host.dtype());
+      std::vector<Run>& runs = b.runs[d];
+      if (runs.empty() || s.host_offset != align_up(runs.back().host_end)) {
+        runs.push_back({s.host_offset, s.host_offset, align_up(b.arena_bytes[d])});
+      }
+      Run& run = runs.back();
+      run.host_end = s.host_offset + s.nbytes();
+      b.arena_offsets[i] = run.arena_begin + (s.host_offset - run.host_begin);
+      b.arena_bytes[d] = run.arena_begin + (run.host_end - run.host_begin);
+    }
+    for (size_t d = 0; d < 3; ++d) b.resident += b.arena_bytes[d];
     batches.push_back(std::move(b));
   }
   return batches;
+}
+
+std::array<size_t, 3> PipelineSwapRuntime::arena_needs(const std::vector<Batch>& batches, size_t parity) const {
+  std::array<size_t, 3> need{0, 0, 0};
+  for (size_t i = parity; i < batches.size(); i += 2)
+    for (size_t d = 0; d < 3; ++d) need[d] = std::max(need[d], batches[i].arena_bytes[d]);
+  return need;
 }
 
 size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>& units,
@@ -205,12 +231,7 @@ size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>&
     return need;
   }
   for (size_t parity = 0; parity < 2; ++parity)
-    for (size_t d = 0; d < 3; ++d) {
-      size_t largest = 0;
-      for (size_t i = parity; i < batches.size(); i += 2)
-        largest = std::max(largest, batches[i].ranges[d].end - batches[i].ranges[d].begin);
-      need += largest;
-    }
+    for (size_t bytes : arena_needs(batches, parity)) need += bytes;
   return need;
 }
 
@@ -257,15 +278,14 @@ void PipelineSwapRuntime::timed_wait(Event& event) {
 }
 
 void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
-  for (size_t parity = 0; parity < 2; ++parity)
+  for (size_t parity = 0; parity < 2; ++parity) {
+    const std::array<size_t, 3> need = arena_needs(batches, parity);
     for (size_t d = 0; d < 3; ++d) {
-      size_t largest = 0;
-      for (size_t i = parity; i < batches.size(); i += 2)
-        largest = std::max(largest, batches[i].ranges[d].end - batches[i].ranges[d].begin);
-      if (largest == 0) continue;
-      arenas_[parity][d] = std::make_shared<Storage>(largest, compute_.device(), device_allocator(compute_.device()), &copy_);
-      track_resident((long long)largest);
+      if (need[d] == 0) continue;
+      arenas_[parity][d] = std::make_shared<Storage>(need[d], compute_.device(), device_allocator(compute_.device()), &copy_);
+      track_resident((long long)need[d]);
     }
+  }
 }
 
 void PipelineSwapRuntime::free_arenas() {
@@ -278,18 +298,20 @@ void PipelineSwapRuntime::free_arenas() {
     }
 }
 
-size_t PipelineSwapRuntime::copy_ranges(const Batch& batch, size_t parity, bool to_device) {
+size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to_device) {
   size_t bytes = 0;
-  for (size_t d = 0; d < 3; ++d) {
-    const Range& r = batch.ranges[d];
-    if (r.end == r.begin) continue;
-    const DType dtype = DType(d);
-    const int64_t elements = int64_t((r.end - r.begin) / dtype_size(dtype));
-    const Tensor host = Tensor::on_storage(host_buffers_[d], int64_t(r.begin / dtype_size(dtype)), {elements}, dtype);
-    const Tensor arena = Tensor::on_storage(arenas_[parity][d], 0, {elements}, dtype);
-    ops::copy(copy_, to_device ? host : arena, to_device ? arena : host);
-    bytes += r.end - r.begin;
-  }
+  for (size_t d = 0; d < 3; ++d)
+    for (const Run& r : batch.runs[d]) {
+      if (r.host_end == r.host_begin) continue;
+      const DType dtype = DType(d);
+      const size_t size = dtype_size(dtype);
+      const int64_t elements = int64_t((r.host_end - r.host_begin) / size);
+      const Tensor host = Tensor::on_storage(host_buffers_[d], int64_t(r.host_begin / size), {elements}, dtype);
+      const Tensor arena = Tensor::on_storage(arenas_[parity][d], int64_t(r.arena_begin / size), {elements}, dtype);
+      ops::copy(copy_, to_device ? host : arena, to_device ? arena : host);
+      bytes += r.host_end - r.host_begin;
+      ++(to_device ? report_.h2d_copies : report_.d2h_copies);
+    }
   return bytes;
 }
 
@@ -305,10 +327,11 @@ void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
       s->device.storage()->restore(&copy_);
       ops::copy(copy_, s->host, s->device);
       report_.h2d_bytes += s->nbytes();
+      ++report_.h2d_copies;
     }
     track_resident((long long)batch.resident);
   } else {
-    report_.h2d_bytes += copy_ranges(batch, parity, true);
+    report_.h2d_bytes += copy_runs(batch, parity, true);
   }
   for (SwapSlot* s : batch.slots) s->state = SlotState::h2d;
   ready_[parity].record(copy_);
@@ -319,9 +342,9 @@ void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
   trace("wait_ready", index);
   timed_wait(ready_[index % 2]);
   if (config_.packed)
-    for (SwapSlot* s : batch.slots) {
-      const size_t d = size_t(s->host.dtype());
-      s->device.storage()->bind(static_cast<char*>(arenas_[index % 2][d]->data()) + (s->host_offset - batch.ranges[d].begin));
+    for (size_t i = 0; i < batch.slots.size(); ++i) {
+      SwapSlot* s = batch.slots[i];
+      s->device.storage()->bind(static_cast<char*>(arenas_[index % 2][size_t(s->host.dtype())]->data()) + batch.arena_offsets[i]);
     }
   for (SwapSlot* s : batch.slots) s->state = SlotState::device;
   batch.phase = Phase::loaded;
@@ -335,9 +358,10 @@ void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
     for (SwapSlot* s : batch.slots) {
       ops::copy(copy_, s->device, s->host);
       report_.d2h_bytes += s->nbytes();
+      ++report_.d2h_copies;
     }
   } else {
-    report_.d2h_bytes += copy_ranges(batch, index % 2, false);
+    report_.d2h_bytes += copy_runs(batch, index % 2, false);
   }
   for (SwapSlot* s : batch.slots) s->state = SlotState::d2h;
   offloaded_[index % 2].record(copy_);
@@ -431,18 +455,14 @@ void PipelineSwapRuntime::drain(std::vector<Batch>& batches) {
 bool PipelineSwapRuntime::adopt_early_prefetch(std::vector<Batch>& batches) {
   if (!early_) return false;
   bool same = batches.size() >= early_->issued;
-  for (size_t k = 0; same && k < early_->issued; ++k) {
-    same = batches[k].slots == early_->batches[k].slots;
-    for (size_t d = 0; same && d < 3; ++d)
-      same = batches[k].ranges[d].begin == early_->batches[k].ranges[d].begin &&
-             batches[k].ranges[d].end == early_->batches[k].ranges[d].end;
-  }
+  for (size_t k = 0; same && k < early_->issued; ++k)
+    same = batches[k].slots == early_->batches[k].slots && batches[k].runs == early_->batches[k].runs;
   if (same && config_.packed) {  // the early arenas must be large enough for every batch of the real plan
-    for (size_t i = 0; same && i < batches.size(); ++i)
-      for (size_t d = 0; same && d < 3; ++d) {
-        const size_t need = batches[i].ranges[d].end - batches[i].ranges[d].begin;
-        same = need == 0 || (arenas_[i % 2][d] && arenas_[i % 2][d]->nbytes() >= need);
-      }
+    for (size_t parity = 0; same && parity < 2; ++parity) {
+      const std::array<size_t, 3> need = arena_needs(batches, parity);
+      for (size_t d = 0; same && d < 3; ++d)
+        same = need[d] == 0 || (arenas_[parity][d] && arenas_[parity][d]->nbytes() >= need[d]);
+    }
   }
   if (!same) {  // the plan changed (a gradient appeared or vanished): undo the early copies
     discard_early_prefetch();

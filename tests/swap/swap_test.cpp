@@ -402,6 +402,9 @@ TEST_SUITE("swap") {
     c.min_numel = -1;
     CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] min_numel must be non-negative, got -1", Error);
     c = {};
+    c.state_keys = std::vector<std::string>{"momentum_buffer", "momentum_buffer"};
+    CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state key 'momentum_buffer' is listed twice in state_keys", Error);
+    c = {};
     c.state_keys = std::vector<std::string>{"momentum_buffer", "exp_avg"};
     CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state keys [exp_avg] are not Muon state; Muon swaps only [momentum_buffer]",
                          Error);
@@ -420,5 +423,43 @@ TEST_SUITE("swap") {
                          "[swap] state 'momentum_buffer' of 'attn.q' must be dense, contiguous and own exactly its bytes to be "
                          "swapped, got Tensor(f32, [64, 48], cpu)",
                          Error);
+  }
+
+  TEST_CASE("packed, a grad missing: a batch's transfers touch only its own slots (regression)") {
+    // The mirrors are laid out in all-grads order (a, d | b | c). Without a's grad the step visits
+    // b, c, d; batch 1 = [c, d] must not carry b's bytes (between them in the mirror) back to host.
+    auto make = [] {
+      return std::vector<ParamPtr>{make_param("a", test::random_tensor({16, 64}, DType::f32, 1)),
+                                   make_param("b", test::random_tensor({64, 64}, DType::f32, 2)),
+                                   make_param("c", test::random_tensor({32, 32}, DType::f32, 3)),
+                                   make_param("d", test::random_tensor({16, 64}, DType::f32, 4))};
+    };
+    auto bare_params = make(), swap_params = make();
+    Muon bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+    bare.add_param_group(bare_params);
+    inner.add_param_group(swap_params);
+    SwapConfig config;
+    config.swap_times = 2;
+    config.min_numel = 1;
+    auto swapped = swap_muon(inner, config);
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < 4; ++i) {
+        const bool grad = !(step == 2 && i == 0);
+        const uint32_t seed = uint32_t(100 * step) + uint32_t(i);
+        bare_params[i]->grad = grad ? test::random_tensor(bare_params[i]->data.shape(), DType::f32, seed) : Tensor();
+        swap_params[i]->grad = grad ? test::random_tensor(swap_params[i]->data.shape(), DType::f32, seed) : Tensor();
+      }
+      bare.step();
+      swapped->step();
+      bare.stream().synchronize();
+      const SwapStepReport report = swapped->last_report();  // synchronises the swapped side
+      CAPTURE(step);
+      CHECK(report.batches == 2);
+      // Every grad present: one copy per batch each way. Without a's: c and d are not adjacent.
+      CHECK(report.h2d_copies == (step == 2 ? 3u : 2u));
+      CHECK(report.d2h_copies == report.h2d_copies);
+      CHECK(test::params_bitwise_equal(bare_params, swap_params));
+      CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+    }
   }
 }

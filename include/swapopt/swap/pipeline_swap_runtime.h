@@ -23,6 +23,10 @@ struct SwapStepReport {
   int batches = 0;
   size_t h2d_bytes = 0;
   size_t d2h_bytes = 0;
+  /** Copies issued each way: packed, one per run of adjacent slots per dtype in a batch (one per
+   *  dtype and batch when every grad is present); unpacked, one per slot. */
+  size_t h2d_copies = 0;
+  size_t d2h_copies = 0;
   /** Time the compute stream spent blocked on copies (its waits on H2D and D2H events). */
   double exposed_wait_ms = 0.0;
   /** Peak bytes of swappable optimizer state resident on the device during the step (restored
@@ -65,7 +69,8 @@ class PipelineSwapRuntime {
    *  resident bytes fit (throws naming the budget and the size that does not fit). */
   std::vector<size_t> plan_batches(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
   /** Device bytes the pipeline holds at once for these batches: the largest two consecutive
-   *  batches (unpacked), or the two staging arenas (packed). */
+   *  batches (unpacked), or the two staging arenas (packed, each as large as the largest batch of
+   *  its parity, counting only the bytes of that batch's own slots). */
   size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
 
   /** Runs the step: each batch's slots are device-resident exactly while `step_batch` runs it.
@@ -90,25 +95,33 @@ class PipelineSwapRuntime {
   size_t slot_bytes() const;
 
  private:
-  struct Range {
-    size_t begin = 0;
-    size_t end = 0;
+  /** Packed: host bytes [host_begin, host_end) of slots adjacent in the mirror (nothing else lies
+   *  between them), staged at arena_begin. A transfer touches no byte of a slot outside its batch. */
+  struct Run {
+    size_t host_begin = 0;
+    size_t host_end = 0;
+    size_t arena_begin = 0;
+    bool operator==(const Run&) const = default;
   };
   enum class Phase { idle, loading, loaded, stepped, offloading, done };
   struct Batch {
     std::span<UpdateUnit> units;
-    std::vector<SwapSlot*> slots;  // unique, in unit order
-    std::array<Range, 3> ranges;   // packed: covering host range per dtype
+    std::vector<SwapSlot*> slots;          // unique, in unit order
+    std::array<std::vector<Run>, 3> runs;  // packed: per dtype, in mirror order
+    std::array<size_t, 3> arena_bytes{};   // packed: staging bytes per dtype
+    std::vector<size_t> arena_offsets;     // packed: slots[i]'s byte offset in its dtype's arena
     Phase phase = Phase::idle;
-    size_t resident = 0;           // bytes this batch holds on the device while loaded
+    size_t resident = 0;                   // bytes this batch holds on the device while loaded
   };
   struct EarlyPrefetch;
 
   std::vector<Batch> make_batches(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) const;
   void allocate_arenas(const std::vector<Batch>& batches);
   void free_arenas();
-  /** Packed: one copy per dtype between the batch's host range and arena `parity`; returns bytes. */
-  size_t copy_ranges(const Batch& batch, size_t parity, bool to_device);
+  /** Packed: one copy per run between the host mirror and arena `parity`; returns bytes. */
+  size_t copy_runs(const Batch& batch, size_t parity, bool to_device);
+  /** Packed: the staging bytes per dtype that arena `parity` needs for `batches`. */
+  std::array<size_t, 3> arena_needs(const std::vector<Batch>& batches, size_t parity) const;
   void issue_h2d(Batch& batch, size_t index);
   void wait_ready(Batch& batch, size_t index);
   void issue_d2h(Batch& batch, size_t index);
