@@ -54,7 +54,12 @@ void AdamW::update_param(size_t group, Param& param) {
   ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, k);
 }
 
+void AdamW::validate_options() const {
+  for (const AdamWOptions& o : options_) o.validate();
+}
+
 void AdamW::step() {
+  check_step();
   for (ParamGroup& g : groups_) g.step += 1;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (const ParamPtr& p : groups_[g].params)
@@ -74,8 +79,9 @@ std::string AdamW::group_options_json(size_t group) const {
       .dump();
 }
 
-std::function<void()> AdamW::prepare_group_options(const std::vector<std::string>& options_json) {
+Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::string>& options_json) {
   std::vector<AdamWOptions> parsed;
+  PreparedOptions prepared;
   for (const std::string& text : options_json) {
     const json::Value v = json::parse(text);
     for (const auto& [key, value] : v.as_object("AdamW options"))
@@ -91,8 +97,11 @@ std::function<void()> AdamW::prepare_group_options(const std::vector<std::string
     o.amsgrad = v.at("amsgrad", w).as_bool("amsgrad");
     o.validate();
     parsed.push_back(o);
+    prepared.group_state_keys.push_back(o.amsgrad ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+                                                  : std::vector<std::string>{"exp_avg", "exp_avg_sq"});
   }
-  return [this, parsed] { options_ = parsed; };
+  prepared.apply = [this, parsed] { options_ = parsed; };
+  return prepared;
 }
 
 }  // namespace swapopt

@@ -3,11 +3,13 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "json.h"
@@ -33,6 +35,21 @@ DType dtype_from_safetensors(const std::string& name, const std::string& tensor)
   SWAPOPT_FAIL("[checkpoint] tensor '" << tensor << "' has unsupported dtype '" << name << "'");
 }
 
+constexpr const char* kChecksumsKey = "swapopt.crc32";
+constexpr const char* kMetadataChecksum = "__metadata__";
+
+uint32_t crc32_of(const void* data, size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (size > 0) {  // zlib takes at most a uInt per call
+    const uInt chunk = uInt(std::min<size_t>(size, size_t(1) << 30));
+    crc = crc32(crc, bytes, chunk);
+    bytes += chunk;
+    size -= chunk;
+  }
+  return uint32_t(crc);
+}
+
 // Bounds that keep a corrupt header from asking for absurd sizes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int64_t kMaxDims = 8;
@@ -42,7 +59,8 @@ constexpr int64_t kMaxDims = 8;
 std::string serialize_state_dict(const StateDict& state) {
   using json::Value;
   std::map<std::string, Value> header;
-  header.emplace("__metadata__", Value::object({{"swapopt", Value::string(state.metadata)}}));
+  std::map<std::string, Value> checksums;
+  checksums.emplace(kMetadataChecksum, Value::number(double(crc32_of(state.metadata.data(), state.metadata.size()))));
   uint64_t offset = 0;
   for (const auto& [name, tensor] : state.tensors) {
     SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
@@ -54,7 +72,10 @@ std::string serialize_state_dict(const StateDict& state) {
                                         {"data_offsets", Value::array({Value::number(double(offset)),
                                                                        Value::number(double(offset + tensor.nbytes()))})}}));
     offset += tensor.nbytes();
+    checksums.emplace(name, Value::number(double(crc32_of(tensor.data_ptr(), tensor.nbytes()))));
   }
+  header.emplace("__metadata__", Value::object({{"swapopt", Value::string(state.metadata)},
+                                                {kChecksumsKey, Value::string(Value::object(std::move(checksums)).dump())}}));
   std::string text = Value::object(std::move(header)).dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
   std::string out(8, '\0');
@@ -66,7 +87,7 @@ std::string serialize_state_dict(const StateDict& state) {
   return out;
 }
 
-StateDict parse_state_dict(const void* data, size_t size) {
+StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOptions& options) {
   const auto* bytes = static_cast<const unsigned char*>(data);
   SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
   uint64_t header_size = 0;
@@ -77,10 +98,15 @@ StateDict parse_state_dict(const void* data, size_t size) {
   const uint64_t data_size = size - 8 - header_size;
   const unsigned char* payload = bytes + 8 + header_size;
   StateDict out;
+  std::optional<json::Value> checksums;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, entry] : header.as_object("header")) {
     if (name == "__metadata__") {
+      for (const auto& [key, value] : entry.as_object("__metadata__"))
+        SWAPOPT_CHECK(key == "swapopt" || key == kChecksumsKey, "[checkpoint] unknown __metadata__ entry '" << key << "'");
       out.metadata = entry.at("swapopt", "__metadata__").as_string("__metadata__.swapopt");
+      if (entry.as_object("__metadata__").count(kChecksumsKey) != 0)
+        checksums = json::parse(entry.at(kChecksumsKey, "__metadata__").as_string(kChecksumsKey));
       continue;
     }
     const std::string what = "tensor '" + name + "'";
@@ -117,6 +143,27 @@ StateDict parse_state_dict(const void* data, size_t size) {
   }
   SWAPOPT_CHECK(covered == data_size, "[checkpoint] " << data_size - covered << " trailing data bytes");
   SWAPOPT_CHECK(!out.metadata.empty(), "[checkpoint] no swapopt metadata in the header");
+  if (!checksums) {
+    SWAPOPT_CHECK(options.allow_missing_checksums,
+                  "[checkpoint] the file has no checksums (written before swapopt 0.2, or by another tool): load it with "
+                  "CheckpointReadOptions::allow_missing_checksums to accept it unverified");
+    return out;
+  }
+  // Every checksum names something the file holds, and everything it holds has one that matches.
+  const auto& stored = checksums->as_object(kChecksumsKey);
+  auto check = [&](const std::string& name, const void* bytes, size_t n) {
+    const auto it = stored.find(name);
+    SWAPOPT_CHECK(it != stored.end(), "[checkpoint] '" << name << "' has no checksum");
+    const int64_t want = it->second.as_int(std::string(kChecksumsKey) + " of '" + name + "'");
+    const uint32_t got = crc32_of(bytes, n);
+    SWAPOPT_CHECK(want == int64_t(got), "[checkpoint] '" << name << "' fails its checksum (stored " << want << ", computed "
+                                                         << got << "): the file is corrupt");
+  };
+  check(kMetadataChecksum, out.metadata.data(), out.metadata.size());
+  for (const auto& [name, tensor] : out.tensors) check(name, tensor.data_ptr(), tensor.nbytes());
+  for (const auto& [name, value] : stored)
+    SWAPOPT_CHECK(name == kMetadataChecksum || out.tensors.count(name) != 0,
+                  "[checkpoint] the checksums name tensor '" << name << "', which the file does not hold");
   return out;
 }
 
@@ -146,13 +193,13 @@ void save_state_dict(const StateDict& state, const std::string& path) {
   }
 }
 
-StateDict load_state_dict(const std::string& path) {
+StateDict load_state_dict(const std::string& path, const CheckpointReadOptions& options) {
   std::ifstream in(path, std::ios::binary);
   SWAPOPT_CHECK(in.good(), "[checkpoint] cannot open '" << path << "'");
   std::ostringstream buffer;
   buffer << in.rdbuf();
   const std::string bytes = buffer.str();
-  return parse_state_dict(bytes.data(), bytes.size());
+  return parse_state_dict(bytes.data(), bytes.size(), options);
 }
 
 }  // namespace swapopt

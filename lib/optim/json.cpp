@@ -102,8 +102,10 @@ void dump_value(const Value& v, std::string& out) {
     case Value::Kind::null: out += "null"; break;
     case Value::Kind::boolean: out += v.as_bool("") ? "true" : "false"; break;
     case Value::Kind::number: {
+      const double d = v.as_number("");
+      SWAPOPT_CHECK(std::isfinite(d), "[json] cannot write the non-finite number " << d);
       char buf[32];
-      std::snprintf(buf, sizeof buf, "%.17g", v.as_number(""));
+      std::snprintf(buf, sizeof buf, "%.17g", d);
       out += buf;
       break;
     }

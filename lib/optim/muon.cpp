@@ -211,8 +211,24 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params) {
       process_unsharded_batch(group, batch, update_momentum(group, batch));
 }
 
+void Muon::validate_options() const {
+  for (const MuonOptions& o : options_) o.validate();
+}
+
+void Muon::check_step() {
+  validate_options();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    local_params(g);  // throws for a shard without HSDP
+    for (const ParamPtr& p : groups_[g].params)
+      if (p->has_grad()) check_grad(*p, true);
+  }
+  for (const HsdpAssignment& a : schedule_)
+    if (a.sharded()) check_shard_group_grads(a);
+}
+
 void Muon::step() {
-  std::vector<std::vector<Param*>> local(groups_.size());  // checked before anything changes
+  check_step();
+  std::vector<std::vector<Param*>> local(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g)
     for (Param* p : local_params(g))
       if (p->has_grad()) local[g].push_back(p);
@@ -257,7 +273,7 @@ std::string Muon::group_options_json(size_t group) const {
       .dump();
 }
 
-std::function<void()> Muon::prepare_group_options(const std::vector<std::string>& options_json) {
+Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::string>& options_json) {
   std::vector<MuonOptions> parsed;
   for (const std::string& text : options_json) {
     const json::Value v = json::parse(text);
@@ -297,7 +313,7 @@ std::function<void()> Muon::prepare_group_options(const std::vector<std::string>
     o.validate();
     parsed.push_back(std::move(o));
   }
-  return [this, parsed] { options_ = parsed; };
+  return {[this, parsed] { options_ = parsed; }, std::vector<std::vector<std::string>>(parsed.size(), state_keys())};
 }
 
 }  // namespace swapopt

@@ -117,28 +117,38 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
   }
 }
 
+void Muon::check_shard_group_grads(const HsdpAssignment& a) {
+  const std::vector<Param*> owned = a.owned();
+  if (owned.empty()) return;  // this replica owns nothing here, and so does its whole shard group
+  // The packing of update_sharded depends on every rank of the shard group stepping the same
+  // params: compare a fingerprint of their positions, so a mismatch fails on every rank alike.
+  uint32_t count = 0, fingerprint = 0;  // < 2^24: exact in f32
+  for (size_t pos = 0; pos < a.params.size(); ++pos) {
+    if (!a.owns(a.params[pos]) || !a.params[pos]->has_grad()) continue;
+    fingerprint = (fingerprint * 31u + uint32_t(pos) + 1u) & 0xffffffu;
+    ++count;
+  }
+  const size_t ranks = size_t(a.shards->size());
+  const Tensor mine = Tensor::from_floats({float(count), float(fingerprint)}, {2}).to(device());
+  const Tensor all = Tensor::empty({2 * int64_t(ranks)}, DType::f32, device());
+  a.shards->all_gather(mine, all)->wait();
+  const std::vector<float> lists = all.to_float_vector();
+  for (size_t r = 0; r < ranks; ++r)
+    SWAPOPT_CHECK(lists[2 * r] == lists[0] && lists[2 * r + 1] == lists[1],
+                  "[Muon] rank " << r << " of the shard group of '" << owned.front()->name
+                                 << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
+                                    "shard group must step the same params");
+}
+
 void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params) {
   if (a.owned().empty()) return;  // this replica owns nothing here, and so does its whole shard group
   const DType dtype = ns_dtype(a.group);
   Communicator& shards = *a.shards;
   const size_t ranks = size_t(shards.size()), me = size_t(shards.rank());
 
-  // Every rank of the shard group must step the same params (the packing below depends on it):
-  // compare a fingerprint of the list first, so a mismatch fails on every rank alike.
   std::vector<size_t> position(params.size());  // of params[i] in the assignment
   for (size_t i = 0; i < params.size(); ++i)
     position[i] = size_t(std::find(a.params.begin(), a.params.end(), params[i]) - a.params.begin());
-  uint32_t fingerprint = 0;  // < 2^24: exact in f32
-  for (size_t pos : position) fingerprint = (fingerprint * 31u + uint32_t(pos) + 1u) & 0xffffffu;
-  const Tensor mine = Tensor::from_floats({float(params.size()), float(fingerprint)}, {2}).to(device());
-  const Tensor all = Tensor::empty({2 * int64_t(ranks)}, DType::f32, device());
-  shards.all_gather(mine, all)->wait();
-  const std::vector<float> lists = all.to_float_vector();
-  for (size_t r = 0; r < ranks; ++r)
-    SWAPOPT_CHECK(lists[2 * r] == lists[0] && lists[2 * r + 1] == lists[1],
-                  "[Muon] rank " << r << " of the shard group of '" << a.owned().front()->name
-                                 << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
-                                    "shard group must step the same params");
   if (params.empty()) return;
 
   // Rank-independent packing. Each rank's chunk holds its shard of every param; the update buffer

@@ -26,6 +26,23 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   groups_.push_back({std::move(params), 0});
 }
 
+void Optimizer::check_grad(const Param& p, bool same_dtype) const {
+  const Tensor& g = p.grad;
+  const std::string what = "[" + name_ + "] grad of '" + p.name + "'";
+  SWAPOPT_CHECK(!g.is_released(), what << " is released");
+  SWAPOPT_CHECK(g.device() == device(), what << " is on " << g.device().str() << ", the optimizer on " << device().str());
+  SWAPOPT_CHECK(g.shape() == p.data.shape() && (!same_dtype || g.dtype() == p.data.dtype()),
+                what << " is " << g.str() << ", the param " << p.data.str());
+  SWAPOPT_CHECK(g.is_contiguous(), what << " must be contiguous, got strides " << shape_str(g.strides()));
+}
+
+void Optimizer::check_step() {
+  validate_options();
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params)
+      if (p->has_grad()) check_grad(*p, false);
+}
+
 int64_t Optimizer::param_index(const Param* param) const {
   int64_t index = 0;
   for (const ParamGroup& g : groups_)
@@ -49,6 +66,7 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
 
 std::string Optimizer::metadata_json() const {
   using json::Value;
+  validate_options();  // no non-finite or out-of-range value reaches a checkpoint
   std::vector<Value> groups;
   std::vector<Value> param_steps;
   int64_t index = 0;
@@ -113,6 +131,9 @@ std::function<void()> Optimizer::prepare_load(
     param_steps.push_back(s.as_int("param_steps"));
     SWAPOPT_CHECK(param_steps.back() >= 0, "[checkpoint] negative param step " << param_steps.back());
   }
+  const PreparedOptions options = prepare_group_options(options_json);
+  std::vector<size_t> group_of;  // by param index
+  for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();
   struct Entry {
     const Param* param;
@@ -120,8 +141,9 @@ std::function<void()> Optimizer::prepare_load(
     Tensor tensor;
   };
   std::vector<Entry> entries;
+  std::vector<std::vector<std::string>> keys_of(by_index.size());  // state keys the checkpoint holds, by param index
   for (const auto& [name, tensor] : state.tensors) {
-    // "state.<index>.<key>"
+    // "state.<index>.<key>", the index written as std::to_string writes it (one name per tensor)
     const size_t dot = name.find('.', 6);
     SWAPOPT_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6,
                   "[checkpoint] unexpected tensor name '" << name << "'");
@@ -129,10 +151,16 @@ std::function<void()> Optimizer::prepare_load(
     SWAPOPT_CHECK(index_text.size() <= 9 && std::all_of(index_text.begin(), index_text.end(), ::isdigit),
                   "[checkpoint] unexpected tensor name '" << name << "'");
     const size_t index = size_t(std::stoll(index_text));
+    SWAPOPT_CHECK(std::to_string(index) == index_text,
+                  "[checkpoint] tensor name '" << name << "' is not canonical: the param index is written '" << index << "'");
     SWAPOPT_CHECK(index < by_index.size(), "[checkpoint] tensor '" << name << "' names param " << index << " of "
                                                                    << by_index.size());
     SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),
                   "[checkpoint] tensor '" << name << "': '" << key << "' is not " << name_ << " state");
+    const std::vector<std::string>& used = options.group_state_keys[group_of[index]];
+    SWAPOPT_CHECK(std::find(used.begin(), used.end(), key) != used.end(),
+                  "[checkpoint] tensor '" << name << "': group " << group_of[index] << " does not use '" << key
+                                          << "' with its options");
     const Param& param = *by_index[index];
     SWAPOPT_CHECK(tensor.shape() == param.data.shape(), "[checkpoint] tensor '" << name << "' has shape "
                                                                                 << shape_str(tensor.shape()) << ", param '"
@@ -142,9 +170,21 @@ std::function<void()> Optimizer::prepare_load(
                                                                                      << dtype_name(tensor.dtype()) << ", "
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
+    keys_of[index].push_back(key);
     if (keeps_state(param)) entries.push_back({&param, key, tensor});
   }
-  std::function<void()> apply_options = prepare_group_options(options_json);
+  // A param holds all the state its group uses or none; with per-param steps, exactly when stepped.
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    const std::string what = "[checkpoint] param " + std::to_string(i) + " ('" + by_index[i]->name + "')";
+    if (!keys_of[i].empty())
+      for (const std::string& key : options.group_state_keys[group_of[i]])
+        SWAPOPT_CHECK(std::find(keys_of[i].begin(), keys_of[i].end(), key) != keys_of[i].end(),
+                      what << " has '" << keys_of[i].front() << "' but not '" << key << "'");
+    if (counts_param_steps())
+      SWAPOPT_CHECK(keys_of[i].empty() == (param_steps[i] == 0),
+                    what << (keys_of[i].empty() ? " has no state but step " : " has state but step ") << param_steps[i]);
+  }
+  std::function<void()> apply_options = options.apply;
   return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {
     apply_options();
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];

@@ -47,6 +47,7 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
 }
 
 void MuonWithAdamW::step() {
+  adamw_->check_step();  // both halves checked before either changes anything
   muon_->step();
   adamw_->step();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "swapopt/core/allocator.h"
@@ -116,26 +117,32 @@ SwapSlot* PipelineSwapRuntime::find_slot(const Param* param, const std::string& 
   return nullptr;
 }
 
-void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, Optimizer& optimizer, bool create) {
-  std::map<const Param*, std::vector<SwapSlot*>> by_param;
+void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, const Optimizer& optimizer, bool create) {
+  std::unordered_map<const Param*, std::vector<SwapSlot*>> by_param;
   for (const auto& slot : slots_) by_param[slot->param].push_back(slot.get());
   if (create) created_this_step_.clear();
+  std::unordered_set<const SwapSlot*> pending;
   for (UpdateUnit& unit : units) {
     unit.slots.clear();
+    const std::vector<std::string> keys = optimizer.group_state_keys(unit.group);  // what the bare step touches
     for (Param* p : unit.params) {
       const auto it = by_param.find(p);
       if (it == by_param.end()) continue;
       for (SwapSlot* slot : it->second) {
+        if (std::find(keys.begin(), keys.end(), slot->key) == keys.end()) continue;
         if (!slot->created && !create) continue;
-        if (!slot->created) {
-          std::memset(slot->host.data_ptr(), 0, slot->nbytes());
-          optimizer.state()[p].tensors[slot->key] = slot->device;
-          slot->created = true;
-          created_this_step_.push_back(slot);
-        }
+        if (!slot->created && pending.insert(slot).second) created_this_step_.push_back(slot);
         unit.slots.push_back(slot);
       }
     }
+  }
+}
+
+void PipelineSwapRuntime::create_pending() {
+  for (SwapSlot* slot : created_this_step_) {
+    std::memset(slot->host.data_ptr(), 0, slot->nbytes());
+    optimizer_->state()[slot->param].tensors[slot->key] = slot->device;
+    slot->created = true;
   }
 }
 
@@ -513,6 +520,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   }
   const bool adopted = adopt_early_prefetch(batches);
   report_.batches = int(batches.size());
+  create_pending();
   if (batches.empty()) return;
   try {
     if (config_.packed) {

@@ -44,10 +44,13 @@ SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConf
 }
 
 void SwapOptimizer::step() {
-  adapter_->begin_step();
+  // Everything that can reject the step runs before anything changes: the optimizer's checks,
+  // the plan and the budget. State a unit creates is made when run() starts.
+  optimizer().check_step();
   std::vector<UpdateUnit> units = adapter_->plan_units(false);
   runtime_.attach_slots(units, optimizer());
   const std::vector<size_t> batch_sizes = runtime_.plan_batches(units, adapter_->partition_costs(units));
+  adapter_->begin_step();
   runtime_.run(units, batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
   adapter_->finish_step();
 }

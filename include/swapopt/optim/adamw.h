@@ -32,8 +32,9 @@ class AdamW : public Optimizer {
   std::vector<std::string> state_keys() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
   DType state_dtype(const std::string&, const Param&) const override { return DType::f32; }
   /** Keys `group` uses: without amsgrad, no max_exp_avg_sq. */
-  std::vector<std::string> group_state_keys(size_t group) const;
+  std::vector<std::string> group_state_keys(size_t group) const override;
   void step() override;
+  void validate_options() const override;
 
   /** One parameter's update (state created as zeros if missing; its step += 1). The swap adapter
    *  calls this for each param of a unit. */
@@ -41,7 +42,8 @@ class AdamW : public Optimizer {
 
  protected:
   std::string group_options_json(size_t group) const override;
-  std::function<void()> prepare_group_options(const std::vector<std::string>& options_json) override;
+  PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
+  bool counts_param_steps() const override { return true; }
 
  private:
   std::vector<AdamWOptions> options_;

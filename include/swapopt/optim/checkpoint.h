@@ -17,17 +17,27 @@ struct StateDict {
   std::string metadata;
 };
 
+/** How a checkpoint file is read. */
+struct CheckpointReadOptions {
+  /** Load a file that carries no checksums (written before swapopt 0.2, or by another tool)
+   *  without verifying its bytes. A file that has them is always verified. */
+  bool allow_missing_checksums = false;
+};
+
 /** Writes a safetensors file atomically: to `path`.tmp, fsync, then rename over `path`. */
 void save_state_dict(const StateDict& state, const std::string& path);
 
 /** Reads a safetensors file written by save_state_dict; throws a named swapopt::Error on a short,
- *  corrupt or inconsistent file. */
-StateDict load_state_dict(const std::string& path);
+ *  corrupt or inconsistent file, and on one whose bytes do not match its checksums. */
+StateDict load_state_dict(const std::string& path, const CheckpointReadOptions& options = {});
 
-/** The safetensors bytes of `state`. */
+/** The safetensors bytes of `state`. The header's `__metadata__` holds the metadata JSON as
+ *  "swapopt" and, as "swapopt.crc32", a JSON object of CRC-32s (zlib's): "__metadata__" for the
+ *  metadata text and one per tensor name for its bytes. */
 std::string serialize_state_dict(const StateDict& state);
 
-/** Parses safetensors bytes (the fuzzed entry point). */
-StateDict parse_state_dict(const void* data, size_t size);
+/** Parses safetensors bytes (the fuzzed entry point), verifying the checksums: every tensor and
+ *  the metadata must have one and match it, and every checksum must name a tensor of the file. */
+StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOptions& options = {});
 
 }  // namespace swapopt

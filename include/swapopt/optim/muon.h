@@ -93,6 +93,10 @@ class Muon : public Optimizer {
    *  params with grads (update_assignment, finish_assignment); all broadcasts are waited for before
    *  step() returns. */
   void step() override;
+  /** Also: no shard without HSDP; under HSDP (collective) every rank of each shard group steps
+   *  the same params, compared before anything changes. */
+  void check_step() override;
+  void validate_options() const override;
 
   /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh
    *  rank). Params with a DTensor layout are grouped, per group, by communication domain (their
@@ -149,7 +153,7 @@ class Muon : public Optimizer {
 
  protected:
   std::string group_options_json(size_t group) const override;
-  std::function<void()> prepare_group_options(const std::vector<std::string>& options_json) override;
+  PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
 
  private:
   /** Orthogonalises x [matrices, rows, cols] in place (zeropower_fn or the built-in NS). */
@@ -158,6 +162,8 @@ class Muon : public Optimizer {
    *  `logical` the full matrix shape the scale comes from. */
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
   void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params);
+  /** Collective in a's shard group: every rank steps the same owned params of `a`. */
+  void check_shard_group_grads(const HsdpAssignment& a);
 
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;

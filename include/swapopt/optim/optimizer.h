@@ -46,8 +46,20 @@ class Optimizer {
   virtual std::vector<std::string> state_keys() const = 0;
   /** The dtype a state tensor `key` of `param` has. */
   virtual DType state_dtype(const std::string& key, const Param& param) const = 0;
-  /** One update of every parameter that has a gradient; asynchronous on stream(). */
+  /** The state keys group `group` uses with its current options (AdamW without amsgrad: no
+   *  max_exp_avg_sq); a checkpoint may hold no other key for its params. */
+  virtual std::vector<std::string> group_state_keys(size_t group) const { return state_keys(); }
+  /** One update of every parameter that has a gradient; asynchronous on stream(). Calls
+   *  check_step() first. */
   virtual void step() = 0;
+  /** Checks everything step() relies on, changing nothing: every group's options (those changed
+   *  through mutable_options since included) and the grad of every param the step updates (shape,
+   *  dtype, device, contiguous, not released). step() and the swapped step call it before they
+   *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
+   *  as it was. Collective under HSDP (the shard groups compare which params they step). */
+  virtual void check_step();
+  /** Throws the first bad option of any group, as the group's constructor would. */
+  virtual void validate_options() const = 0;
 
   /** Host copies of all state and the metadata (synchronises the stream). */
   virtual StateDict state_dict();
@@ -62,7 +74,8 @@ class Optimizer {
   /** Index of `param` over all groups in order, as checkpoints name it. */
   int64_t param_index(const Param* param) const;
 
-  /** Metadata JSON of the current groups and steps. */
+  /** Metadata JSON of the current groups and steps; validates the options first, so no bad or
+   *  non-finite value reaches a checkpoint. */
   std::string metadata_json() const;
   /** Checks `state` against this optimizer; returns the change that applies it, `write_tensor`
    *  being how each checked host tensor reaches the state (the swap wrapper writes host mirrors).
@@ -73,11 +86,23 @@ class Optimizer {
  protected:
   /** The options of group `group` as a JSON object. */
   virtual std::string group_options_json(size_t group) const = 0;
-  /** Parses and checks every group's options JSON; returns the change to apply once the whole
-   *  checkpoint is known to be good (throws, changing nothing, if any options are bad). */
-  virtual std::function<void()> prepare_group_options(const std::vector<std::string>& options_json) = 0;
+  /** What prepare_group_options found: the change that applies the options once the whole
+   *  checkpoint is known to be good, and the state keys each group uses with them. */
+  struct PreparedOptions {
+    std::function<void()> apply;
+    std::vector<std::vector<std::string>> group_state_keys;
+  };
+  /** Parses and checks every group's options JSON as the constructor would (throws, changing
+   *  nothing, if any options are bad). */
+  virtual PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) = 0;
+  /** Whether ParamState::step counts this optimizer's updates of a param (AdamW): then a
+   *  checkpoint's param holds state exactly when its step is positive. */
+  virtual bool counts_param_steps() const { return false; }
   /** Checks a new group's parameters (throws naming the parameter). */
   void add_group(std::vector<ParamPtr> params);
+  /** Checks `param`'s grad (defined) against its data: same shape, contiguous, on this device, not
+   *  released, and with `same_dtype` of the param's dtype (else any float dtype, read exactly). */
+  void check_grad(const Param& param, bool same_dtype) const;
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
 

@@ -57,10 +57,12 @@ class PipelineSwapRuntime {
   /** The slot of (param, key), or null when that state is not swapped. */
   SwapSlot* find_slot(const Param* param, const std::string& key) const;
   const std::vector<std::unique_ptr<SwapSlot>>& slots() const { return slots_; }
-  /** Fills each unit's slots. With `create`, missing state is created host-side: the mirror is
-   *  zeroed and the shell published to the optimizer, so new state is never device-resident
-   *  outside its unit; without, only slots whose state exists are attached (early prefetch). */
-  void attach_slots(std::vector<UpdateUnit>& units, Optimizer& optimizer, bool create = true);
+  /** Fills each unit's slots with those of the keys its group uses (Optimizer::group_state_keys).
+   *  With `create`, slots whose state does not exist yet are attached too and created host-side
+   *  when run() starts (the mirror zeroed, the shell published to the optimizer), so new state is
+   *  never device-resident outside its unit and nothing changes before run(); without, only slots
+   *  whose state exists are attached (early prefetch). */
+  void attach_slots(std::vector<UpdateUnit>& units, const Optimizer& optimizer, bool create = true);
 
   /** Cuts `costs` into T = max(1, min(swap_times, n)) contiguous batches (the reference's balanced
    *  greedy rule); returns the batch sizes. */
@@ -132,6 +134,8 @@ class PipelineSwapRuntime {
   /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
   bool adopt_early_prefetch(std::vector<Batch>& batches);
   void timed_wait(Event& event);
+  /** Creates the state attach_slots() found missing (zeroed mirrors, shells in the optimizer). */
+  void create_pending();
   void trace(const char* what, size_t index);
   void track_resident(long long delta);
 
@@ -150,7 +154,7 @@ class PipelineSwapRuntime {
   std::array<std::array<std::shared_ptr<Storage>, 3>, 2> arenas_;  // packed staging, [parity][dtype]
   std::unique_ptr<EarlyPrefetch> early_;
   Optimizer* optimizer_ = nullptr;             // whose state the slots are (set by build)
-  std::vector<SwapSlot*> created_this_step_;   // by attach_slots: undone if their unit never runs
+  std::vector<SwapSlot*> created_this_step_;   // found by attach_slots, made by run(); undone if their unit never runs
 
   SwapStepReport report_;
   size_t resident_now_ = 0;

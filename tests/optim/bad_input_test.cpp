@@ -1,0 +1,379 @@
+// Bad input gets its named error and changes nothing: bare, swapped and 2-rank HSDP optimizers,
+// every kind of bad grad, bad options, and checkpoints that must not load. Each case compares a
+// snapshot of every byte a step or a load may change, taken before and after.
+#include <thread>
+
+#include "optim/thread_communicator.h"
+#include "test_util.h"
+
+using namespace swapopt;
+
+namespace {
+
+/** Params of both optimizers: square matrices (so a transposed grad keeps the shape) and a vector. */
+std::vector<ParamPtr> model(bool with_vector) {
+  std::vector<ParamPtr> out = {make_param("w0", test::random_tensor({32, 32}, DType::f32, 1)),
+                               make_param("w1", test::random_tensor({16, 48}, DType::f32, 2)),
+                               make_param("w2", test::random_tensor({32, 32}, DType::f32, 3))};
+  if (with_vector) out.insert(out.begin() + 1, make_param("bias", test::random_tensor({64}, DType::f32, 4)));
+  return out;
+}
+
+void set_grads(const std::vector<ParamPtr>& params, int step) {
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, uint32_t(100 * step + int(i)));
+}
+
+/** Every byte a step or a load may change. */
+std::string snapshot(Optimizer& opt, const std::vector<ParamPtr>& params, SwapOptimizer* swapped) {
+  if (swapped != nullptr) swapped->runtime().copy_stream().synchronize();
+  opt.stream().synchronize();
+  std::ostringstream out;
+  auto bytes = [&](const Tensor& t) {
+    const Tensor host = t.to(Device::cpu());
+    out << t.str() << ':' << std::string(static_cast<const char*>(host.data_ptr()), host.nbytes()) << ';';
+  };
+  for (const ParamPtr& p : params) bytes(p->data);
+  for (const ParamGroup& g : opt.param_groups()) out << "group step " << g.step << ';';
+  for (const auto& [param, ps] : opt.state()) {
+    out << param->name << " step " << ps.step << ';';
+    for (const auto& [key, tensor] : ps.tensors) {
+      out << key << ' ';
+      const SwapSlot* slot = swapped ? swapped->runtime().find_slot(param, key) : nullptr;
+      bytes(slot != nullptr ? slot->host : tensor);
+    }
+  }
+  if (swapped != nullptr)
+    for (const auto& slot : swapped->runtime().slots()) {
+      out << slot->param->name << '.' << slot->key << " created " << slot->created << " state " << slot_state_name(slot->state);
+      bytes(slot->host);
+    }
+  return out.str();
+}
+
+/** A Muon or AdamW, bare or swapped, stepped twice so that all its state exists. */
+struct Subject {
+  std::vector<ParamPtr> params;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<SwapOptimizer> swapped;
+
+  Subject(bool adamw, bool swap) : params(model(adamw)) {
+    if (adamw) {
+      auto opt = std::make_unique<AdamW>(Stream(Device::cpu()));
+      opt->add_param_group({params[0], params[1]});
+      AdamWOptions amsgrad;
+      amsgrad.amsgrad = true;
+      opt->add_param_group({params[2], params[3]}, amsgrad);
+      optimizer = std::move(opt);
+    } else {
+      auto opt = std::make_unique<Muon>(Stream(Device::cpu()));
+      opt->add_param_group(params);
+      optimizer = std::move(opt);
+    }
+    if (swap) {
+      SwapConfig config;
+      config.swap_times = 2;
+      config.min_numel = 1;
+      swapped = adamw ? swap_adamw(static_cast<AdamW&>(*optimizer), config) : swap_muon(static_cast<Muon&>(*optimizer), config);
+    }
+    for (int step = 1; step <= 2; ++step) {
+      set_grads(params, step);
+      this->step();
+    }
+  }
+  void step() { swapped ? swapped->step() : optimizer->step(); }
+  std::string snap() { return snapshot(*optimizer, params, swapped.get()); }
+  StateDict state_dict() { return swapped ? swapped->state_dict() : optimizer->state_dict(); }
+  void load(const StateDict& state) { swapped ? swapped->load_state_dict(state) : optimizer->load_state_dict(state); }
+  std::string name() const { return optimizer->name() + (swapped ? " swapped" : " bare"); }
+};
+
+/** The message of what `f` throws (a swapopt::Error), or "" when it does not throw. */
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/** A bad grad for the last param, each kind with the message the optimizer named `opt` gives. */
+struct BadGrad {
+  std::string kind;
+  std::function<Tensor(const Tensor& good)> make;
+  std::string muon_message, adamw_message;  // "" : that optimizer accepts it
+};
+
+std::vector<BadGrad> bad_grads() {
+  static float foreign[32 * 32];
+  return {
+      {"wrong shape", [](const Tensor&) { return Tensor::zeros({32, 31}, DType::f32, Device::cpu()); },
+       "[Muon] grad of 'w2' is Tensor(f32, [32, 31], cpu), the param Tensor(f32, [32, 32], cpu)",
+       "[AdamW] grad of 'w2' is Tensor(f32, [32, 31], cpu), the param Tensor(f32, [32, 32], cpu)"},
+      {"non-contiguous", [](const Tensor& good) { return good.transpose(0, 1); },
+       "[Muon] grad of 'w2' must be contiguous, got strides [1, 32]", "[AdamW] grad of 'w2' must be contiguous, got strides [1, 32]"},
+      {"another device",
+       [](const Tensor&) { return Tensor::from_blob(foreign, {32, 32}, DType::f32, Device::cuda(0)); },
+       "[Muon] grad of 'w2' is on cuda:0, the optimizer on cpu", "[AdamW] grad of 'w2' is on cuda:0, the optimizer on cpu"},
+      {"released",
+       [](const Tensor& good) {
+         Tensor t = good.clone();
+         t.storage()->release();
+         return t;
+       },
+       "[Muon] grad of 'w2' is released", "[AdamW] grad of 'w2' is released"},
+      {"bf16 for an f32 param", [](const Tensor& good) { return Tensor::from_floats(good.to_float_vector(), good.shape(), DType::bf16); },
+       "[Muon] grad of 'w2' is Tensor(bf16, [32, 32], cpu), the param Tensor(f32, [32, 32], cpu)", ""},
+  };
+}
+
+}  // namespace
+
+TEST_SUITE("bad input") {
+  TEST_CASE("a bad grad on the last param: named error, every byte unchanged (bare and swapped, Muon and AdamW)") {
+    for (bool adamw : {false, true})
+      for (bool swap : {false, true})
+        for (const BadGrad& bad : bad_grads()) {
+          Subject s(adamw, swap);
+          CAPTURE(s.name());
+          CAPTURE(bad.kind);
+          set_grads(s.params, 3);
+          s.params.back()->grad = bad.make(s.params.back()->grad);
+          const std::string want = adamw ? bad.adamw_message : bad.muon_message;
+          if (want.empty()) continue;  // accepted (AdamW reads any float grad exactly)
+          const std::string before = s.snap();
+          CHECK(error_of([&] { s.step(); }) == want);
+          CHECK(s.snap() == before);
+        }
+  }
+
+  TEST_CASE("MuonWithAdamW: a bad AdamW grad stops Muon's half too") {
+    auto params = model(true);
+    MuonWithAdamW opt(Stream(Device::cpu()), params);
+    set_grads(params, 1);
+    opt.step();
+    set_grads(params, 2);
+    params[1]->grad = Tensor::zeros({63}, DType::f32, Device::cpu());
+    const std::string before = snapshot(opt.muon(), params, nullptr) + snapshot(opt.adamw(), params, nullptr);
+    CHECK(error_of([&] { opt.step(); }) == "[AdamW] grad of 'bias' is Tensor(f32, [63], cpu), the param Tensor(f32, [64], cpu)");
+    CHECK(snapshot(opt.muon(), params, nullptr) + snapshot(opt.adamw(), params, nullptr) == before);
+  }
+
+  TEST_CASE("options changed through mutable_options are checked at the next step and before state_dict") {
+    for (bool adamw : {false, true})
+      for (bool swap : {false, true}) {
+        Subject s(adamw, swap);
+        CAPTURE(s.name());
+        set_grads(s.params, 3);
+        if (adamw) {
+          static_cast<AdamW&>(*s.optimizer).mutable_options(1).lr = std::nan("");
+        } else {
+          static_cast<Muon&>(*s.optimizer).mutable_options(0).momentum = 1.5;
+        }
+        const std::string want = adamw ? "[AdamW] lr must be finite and >= 0, got nan" : "[Muon] momentum must be in [0, 1), got 1.5";
+        const std::string before = s.snap();
+        CHECK(error_of([&] { s.step(); }) == want);
+        CHECK(s.snap() == before);
+        CHECK(error_of([&] { s.state_dict(); }) == want);  // never a non-finite value in the metadata
+      }
+  }
+
+  TEST_CASE("a device budget below the largest unit: named error before anything changes") {
+    auto params = model(false);
+    Muon muon(Stream(Device::cpu()));
+    muon.add_param_group(params);
+    SwapConfig config;
+    config.min_numel = 1;
+    config.device_budget_bytes = 1000;
+    auto swapped = swap_muon(muon, config);
+    set_grads(params, 1);
+    const std::string before = snapshot(muon, params, swapped.get());
+    CHECK(error_of([&] { swapped->step(); }) ==
+          "[swap] device_budget_bytes 1000 is below the largest update unit (8192 bytes of state)");
+    CHECK(snapshot(muon, params, swapped.get()) == before);
+    CHECK(muon.state().empty());
+  }
+
+  TEST_CASE("checkpoints that must not load: named error, every byte unchanged") {
+    struct Bad {
+      std::string what;
+      bool adamw;
+      std::function<void(StateDict&)> edit;
+      std::string message;
+    };
+    const std::vector<Bad> cases = {
+        {"a missing state tensor", true, [](StateDict& s) { s.tensors.erase("state.1.exp_avg_sq"); },
+         "[checkpoint] param 1 ('bias') has 'exp_avg' but not 'exp_avg_sq'"},
+        {"all state of a stepped param missing", true,
+         [](StateDict& s) {
+           s.tensors.erase("state.1.exp_avg");
+           s.tensors.erase("state.1.exp_avg_sq");
+         },
+         "[checkpoint] param 1 ('bias') has no state but step 2"},
+        {"state.00 aliasing state.0", true, [](StateDict& s) { s.tensors.emplace("state.00.exp_avg", s.tensors.at("state.0.exp_avg")); },
+         "[checkpoint] tensor name 'state.00.exp_avg' is not canonical: the param index is written '0'"},
+        {"max_exp_avg_sq for a group without amsgrad", true,
+         [](StateDict& s) { s.tensors.emplace("state.0.max_exp_avg_sq", s.tensors.at("state.0.exp_avg").clone()); },
+         "[checkpoint] tensor 'state.0.max_exp_avg_sq': group 0 does not use 'max_exp_avg_sq' with its options"},
+        {"Muon state under an AdamW key", false,
+         [](StateDict& s) { s.tensors.emplace("state.0.exp_avg", s.tensors.at("state.0.momentum_buffer").clone()); },
+         "[checkpoint] tensor 'state.0.exp_avg': 'exp_avg' is not Muon state"},
+    };
+    for (const Bad& bad : cases)
+      for (bool swap : {false, true}) {
+        Subject s(bad.adamw, swap);
+        CAPTURE(s.name());
+        CAPTURE(bad.what);
+        StateDict state = s.state_dict();
+        bad.edit(state);
+        set_grads(s.params, 3);
+        s.step();  // the state differs from the checkpoint's now
+        const std::string before = s.snap();
+        CHECK(error_of([&] { s.load(state); }) == bad.message);
+        CHECK(s.snap() == before);
+      }
+  }
+
+  TEST_CASE("file corruption: payload and header byte flips fail their checksums") {
+    for (bool swap : {false, true}) {
+      Subject s(false, swap);
+      CAPTURE(s.name());
+      const std::string file = serialize_state_dict(s.state_dict());
+      std::string payload = file;
+      payload[payload.size() - 3] ^= 0x10;  // inside the last tensor
+      const std::string e1 = error_of([&] { parse_state_dict(payload.data(), payload.size()); });
+      CHECK(e1.rfind("[checkpoint] 'state.2.momentum_buffer' fails its checksum (stored ", 0) == 0);
+      CHECK(e1.find("): the file is corrupt") != std::string::npos);
+      // lr 0.02 -> 1.02 in the metadata JSON inside the header
+      std::string header = file;
+      const size_t at = header.find("\\\"lr\\\":0.02");
+      REQUIRE(at != std::string::npos);
+      header[at + 8] = '1';
+      const std::string e2 = error_of([&] { parse_state_dict(header.data(), header.size()); });
+      CHECK(e2.rfind("[checkpoint] '__metadata__' fails its checksum (stored ", 0) == 0);
+    }
+  }
+
+  TEST_CASE("a file without checksums loads only when the caller says so") {
+    Muon fresh(Stream(Device::cpu()));
+    fresh.add_param_group(model(false));
+    std::string meta = fresh.metadata_json(), escaped;
+    for (char c : meta) escaped += c == '"' ? std::string("\\\"") : std::string(1, c);
+    std::string header = "{\"__metadata__\":{\"swapopt\":\"" + escaped + "\"}}";
+    header.append((8 - header.size() % 8) % 8, ' ');
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+    file += header;
+    CHECK(error_of([&] { parse_state_dict(file.data(), file.size()); }) ==
+          "[checkpoint] the file has no checksums (written before swapopt 0.2, or by another tool): load it with "
+          "CheckpointReadOptions::allow_missing_checksums to accept it unverified");
+    CheckpointReadOptions trust;
+    trust.allow_missing_checksums = true;
+    const StateDict state = parse_state_dict(file.data(), file.size(), trust);
+    CHECK(state.metadata == meta);
+    CHECK(state.tensors.empty());
+  }
+
+  TEST_CASE("swapped amsgrad AdamW loading a non-amsgrad checkpoint holds the state set the bare one holds") {
+    auto make = [](const std::vector<ParamPtr>& params, bool amsgrad) {
+      auto opt = std::make_unique<AdamW>(Stream(Device::cpu()));
+      AdamWOptions o;
+      o.amsgrad = amsgrad;
+      opt->add_param_group(params, o);
+      return opt;
+    };
+    auto source_params = model(true);
+    auto source = make(source_params, false);
+    set_grads(source_params, 1);
+    source->step();
+    const StateDict checkpoint = source->state_dict();
+    auto bare_params = model(true), swap_params = model(true);
+    auto bare = make(bare_params, true);
+    auto inner = make(swap_params, true);
+    SwapConfig config;
+    config.min_numel = 1;
+    auto swapped = swap_adamw(*inner, config);
+    bare->load_state_dict(checkpoint);
+    swapped->load_state_dict(checkpoint);
+    set_grads(bare_params, 2);
+    set_grads(swap_params, 2);
+    bare->step();
+    swapped->step();
+    CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    CHECK(swapped->state_dict().tensors.count("state.0.max_exp_avg_sq") == 0);
+  }
+
+  TEST_CASE("2-rank HSDP: a bad grad, or ranks stepping different params, fails on every rank with nothing changed") {
+    // Mesh 1x2: w0 and w2 row-sharded over both ranks, w1 local.
+    struct Case {
+      std::string what;
+      std::function<void(std::vector<ParamPtr>&, int rank)> edit;
+      std::string message;
+    };
+    const std::vector<Case> cases = {
+        {"wrong shape on both ranks",
+         [](std::vector<ParamPtr>& p, int) { p[2]->grad = Tensor::zeros({16, 31}, DType::f32, Device::cpu()); },
+         "[Muon] grad of 'w2' is Tensor(f32, [16, 31], cpu), the param Tensor(f32, [16, 32], cpu)"},
+        {"a grad missing on rank 1",
+         [](std::vector<ParamPtr>& p, int rank) {
+           if (rank == 1) p[2]->grad = Tensor();
+         },
+         "[Muon] rank 1 of the shard group of 'w0' steps other params than rank 0 (a grad is missing on some ranks): every rank "
+         "of a shard group must step the same params"},
+    };
+    for (const Case& c : cases)
+      for (bool swap : {false, true}) {
+        CAPTURE(c.what);
+        CAPTURE(swap);
+        auto world = std::make_shared<test::ThreadWorld>();
+        std::vector<std::string> errors(2), unchanged(2);
+        std::vector<std::thread> ranks;
+        for (int rank = 0; rank < 2; ++rank)
+          ranks.emplace_back([&, rank] {
+            try {
+              auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+              auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
+              std::vector<ParamPtr> full = model(false), params;
+              for (size_t i = 0; i < full.size(); ++i) {
+                if (i == 1) {
+                  params.push_back(full[i]);
+                  continue;
+                }
+                const int64_t rows = full[i]->data.shape()[0] / 2;
+                ParamPtr p = make_param(full[i]->name, full[i]->data.narrow(0, rank * rows, rows).clone());
+                p->layout = DTensor(p->data, full[i]->data.shape(), mesh, {Placement::Replicate(), Placement::Shard(0)});
+                params.push_back(p);
+              }
+              Muon muon(Stream(Device::cpu()));
+              muon.add_param_group(params);
+              HsdpOptions h;
+              h.name = std::string("bad") + (swap ? "s" : "b");
+              muon.enable_hsdp(comm, h);
+              SwapConfig config;
+              config.min_numel = 1;
+              std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, config) : nullptr;
+              auto step = [&] { swapped ? swapped->step() : muon.step(); };
+              for (int s = 1; s <= 2; ++s) {
+                set_grads(params, s);
+                step();
+              }
+              set_grads(params, 3);
+              c.edit(params, rank);
+              const std::string before = snapshot(muon, params, swapped.get());
+              errors[size_t(rank)] = error_of(step);
+              unchanged[size_t(rank)] = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+            } catch (const std::exception& e) {
+              errors[size_t(rank)] = std::string("setup: ") + e.what();
+            }
+          });
+        for (std::thread& t : ranks) t.join();
+        for (int rank = 0; rank < 2; ++rank) {
+          CAPTURE(rank);
+          CHECK(errors[size_t(rank)] == c.message);
+          CHECK(unchanged[size_t(rank)] == "yes");
+        }
+      }
+  }
+}
