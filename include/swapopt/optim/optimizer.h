@@ -48,7 +48,7 @@ class Optimizer {
   virtual DType state_dtype(const std::string& key, const Param& param) const = 0;
   /** The state keys group `group` uses with its current options (AdamW without amsgrad: no
    *  max_exp_avg_sq); a checkpoint may hold no other key for its params. */
-  virtual std::vector<std::string> group_state_keys(size_t group) const { return state_keys(); }
+  virtual std::vector<std::string> group_state_keys(size_t /*group*/) const { return state_keys(); }
   /** One update of every parameter that has a gradient; asynchronous on stream(). Calls
    *  check_step() first. */
   virtual void step() = 0;

@@ -1,0 +1,59 @@
+// AsyncReplicateBroadcaster on thread ranks: every receiver ends with each owner's params bitwise,
+// whatever the sizes, dtypes and buffer splits (a slot read or written at another in-bounds offset
+// shows up as another param's values).
+#include <thread>
+
+#include "optim/thread_communicator.h"
+#include "test_util.h"
+
+using namespace swapopt;
+
+TEST_CASE("replicate broadcast: each rank's params equal their owner's bitwise across buffers, dtypes and odd sizes") {
+  const std::vector<std::pair<Shape, DType>> specs = {
+      {{1}, DType::f32},      {{3, 5}, DType::f32},  {{130}, DType::bf16}, {{2, 129}, DType::f32}, {{7}, DType::f16},
+      {{256}, DType::f32},    {{300}, DType::bf16},  {{1}, DType::bf16},   {{64, 4}, DType::f32},  {{33}, DType::f16},
+  };
+  const int ranks = 3;
+  auto values = [&](size_t i, int rank) {
+    return test::random_tensor(specs[i].first, specs[i].second, uint32_t(1000 * rank + int(i)));
+  };
+  for (int64_t buffer_bytes : {int64_t(1) << 20, int64_t(1024), int64_t(1)}) {  // one buffer per dtype; several; one per param
+    CAPTURE(buffer_bytes);
+    auto world = std::make_shared<test::ThreadWorld>();
+    std::vector<std::string> errors(ranks);
+    std::vector<int> same(ranks, 0);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < ranks; ++rank)
+      threads.emplace_back([&, rank] {
+        try {
+          std::vector<ParamPtr> params;
+          HsdpAssignment a;
+          a.replicas = std::make_shared<test::ThreadCommunicator>(world, "replicas", rank, ranks);
+          a.local_coordinate = rank;
+          for (size_t i = 0; i < specs.size(); ++i) {
+            params.push_back(make_param(std::to_string(i), values(i, rank)));
+            a.params.push_back(params.back().get());
+            a.owners.push_back(int64_t((i * 7 + 1) % ranks));  // owners interleaved, not in order
+          }
+          Stream stream(Device::cpu());
+          {
+            AsyncReplicateBroadcaster broadcaster(stream, buffer_bytes);
+            broadcaster.flush(a);
+            broadcaster.wait_all();
+          }
+          stream.synchronize();
+          bool all = true;
+          for (size_t i = 0; i < specs.size(); ++i) all = all && test::same_bits(params[i]->data, values(i, int(a.owners[i])));
+          same[size_t(rank)] = all ? 1 : 0;
+        } catch (const std::exception& e) {
+          errors[size_t(rank)] = e.what();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (int rank = 0; rank < ranks; ++rank) {
+      CAPTURE(rank);
+      CHECK(errors[size_t(rank)] == "");
+      CHECK(same[size_t(rank)] == 1);
+    }
+  }
+}
