@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "swapopt/core/elementwise_formulas.h"
+
 namespace swapopt::kernels {
 
 /** y = alpha * x + beta * y (y not read when beta == 0), elementwise over n values. */
@@ -30,10 +32,7 @@ void muon_momentum(cudaStream_t stream, int64_t n, const void* grad, int grad_dt
                    int update_dtype, float m1, float m2, bool nesterov);
 
 /** AdamW step (see swapopt/optim/optim_ops.h); max_exp_avg_sq may be null. */
-struct AdamWArgs {
-  float decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
-};
 void adamw_update(cudaStream_t stream, int64_t n, void* param, int param_dtype, const void* grad, int grad_dtype,
-                  float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, AdamWArgs args);
+                  float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, formula::AdamWScalars args);
 
 }  // namespace swapopt::kernels

@@ -48,6 +48,9 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, cons
                                             << dtype_name(b.dtype()));
   SWAPOPT_CHECK(a.dtype() != DType::f16 && c.dtype() != DType::f16,
                 "[" << op << "] supports f32 and bf16, got " << dtype_name(a.dtype()) << " -> " << dtype_name(c.dtype()));
+  // What cuBLAS computes with CUBLAS_COMPUTE_32F, so both backends accept the same combinations.
+  SWAPOPT_CHECK(a.dtype() == DType::bf16 || c.dtype() == DType::f32,
+                "[" << op << "] f32 inputs need an f32 output (no f32 x f32 -> " << dtype_name(c.dtype()) << " product in cuBLAS)");
   SWAPOPT_CHECK(c.is_contiguous(), "[" << op << "] output " << c.str() << " must be contiguous");
 }
 

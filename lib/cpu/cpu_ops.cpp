@@ -133,9 +133,6 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
   }
 }
 
-/** torch.lerp's formula, exact at both ends. */
-inline float lerp_value(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w); }
-
 void strided_copy(const char* s, const Shape& shape, const Shape& src_strides, char* d, const Shape& dst_strides, size_t es) {
   const int64_t n = shape_numel(shape), nd = int64_t(shape.size());
   std::vector<int64_t> index(size_t(nd), 0);
@@ -186,19 +183,17 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
     if (xd == DType::f32 && yd == DType::f32) {
       const float* xv = static_cast<const float*>(xb);
       float* yv = static_cast<float*>(yb);
-      if (beta == 0.f) {
+      if (beta == 0.f) {  // y is not read
 #pragma omp parallel for simd if (n >= kParallelElements)
-        for (size_t i = 0; i < n; ++i) yv[i] = alpha * xv[i];
+        for (size_t i = 0; i < n; ++i) yv[i] = formula::axpby(alpha, xv[i], 0.f, 0.f);
       } else {
 #pragma omp parallel for simd if (n >= kParallelElements)
-        for (size_t i = 0; i < n; ++i) yv[i] = alpha * xv[i] + beta * yv[i];
+        for (size_t i = 0; i < n; ++i) yv[i] = formula::axpby(alpha, xv[i], beta, yv[i]);
       }
       return;
     }
-    for (size_t i = 0; i < n; ++i) {
-      const float xv = load_as_float(xb, i, xd);
-      store_from_float(yb, i, yd, beta == 0.f ? alpha * xv : alpha * xv + beta * load_as_float(yb, i, yd));
-    }
+    for (size_t i = 0; i < n; ++i)
+      store_from_float(yb, i, yd, formula::axpby(alpha, load_as_float(xb, i, xd), beta, beta == 0.f ? 0.f : load_as_float(yb, i, yd)));
   });
 }
 
@@ -212,10 +207,11 @@ void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
     if (ad == DType::f32 && bd == DType::f32) {
       float* av = static_cast<float*>(ab);
       const float* bv = static_cast<const float*>(bb);
-      for (size_t i = 0; i < n; ++i) av[i] = lerp_value(av[i], bv[i], weight);
+      for (size_t i = 0; i < n; ++i) av[i] = formula::lerp(av[i], bv[i], weight);
       return;
     }
-    for (size_t i = 0; i < n; ++i) store_from_float(ab, i, ad, lerp_value(load_as_float(ab, i, ad), load_as_float(bb, i, bd), weight));
+    for (size_t i = 0; i < n; ++i)
+      store_from_float(ab, i, ad, formula::lerp(load_as_float(ab, i, ad), load_as_float(bb, i, bd), weight));
   });
 }
 
@@ -246,13 +242,11 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
   const float* nv = norms.data<float>();
   const DType xd = x.dtype();
   stream.enqueue([=, keep = hold(x, norms)] {
-    for (int64_t m = 0; m < count; ++m) {
-      const float denom = nv[m] + eps;
+    for (int64_t m = 0; m < count; ++m)
       for (int64_t i = 0; i < per; ++i) {
         const size_t at = size_t(m * per + i);
-        store_from_float(base, at, xd, load_as_float(base, at, xd) / denom);
+        store_from_float(base, at, xd, formula::scale_by_inverse_norm(load_as_float(base, at, xd), nv[m], eps));
       }
-    }
   });
 }
 

@@ -31,20 +31,17 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
       float* uv = static_cast<float*>(ub);
 #pragma omp parallel for simd if (n >= kParallelElements)
       for (size_t i = 0; i < n; ++i) {
-        const float g = gv[i], b = bv[i];
-        const float u = g + m1 * b;
-        bv[i] = m2 * b + g;
-        uv[i] = nesterov ? m1 * u + g : u;
+        const formula::MomentumOut out = formula::muon_momentum(gv[i], bv[i], m1, m2, nesterov);
+        bv[i] = out.buf;
+        uv[i] = out.update;
       }
       return;
     }
     for (size_t i = 0; i < n; ++i) {
-      const float g = load_as_float(gb, i, gd);
-      const float b = load_as_float(bb, i, bd);
-      float u = g + m1 * b;
-      store_from_float(bb, i, bd, m2 * b + g);
-      if (nesterov) u = m1 * u + g;
-      store_from_float(ub, i, ud, u);
+      const formula::MomentumOut out =
+          formula::muon_momentum(load_as_float(gb, i, gd), load_as_float(bb, i, bd), m1, m2, nesterov);
+      store_from_float(bb, i, bd, out.buf);
+      store_from_float(ub, i, ud, out.update);
     }
   });
 }
@@ -65,28 +62,12 @@ void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const
       float* pv = static_cast<float*>(pb);
       const float* gv = static_cast<const float*>(gb);
 #pragma omp parallel for simd if (n >= kParallelElements)
-      for (size_t i = 0; i < n; ++i) {
-        const float g = gv[i];
-        const float w = k.one_minus_beta1;
-        m[i] = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.f - w);
-        v[i] = v[i] * k.beta2 + (k.one_minus_beta2 * g) * g;
-        const float denom = std::sqrt(v[i]) / k.bias_correction2_sqrt + k.eps;
-        pv[i] = pv[i] * k.decay + k.neg_step_size * (m[i] / denom);
-      }
+      for (size_t i = 0; i < n; ++i) pv[i] = formula::adamw(pv[i], gv[i], m[i], v[i], nullptr, k);
       return;
     }
-    for (size_t i = 0; i < n; ++i) {
-      const float g = load_as_float(gb, i, gd);
-      float p = load_as_float(pb, i, pd) * k.decay;
-      const float w = k.one_minus_beta1;
-      m[i] = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.f - w);
-      v[i] = v[i] * k.beta2 + (k.one_minus_beta2 * g) * g;
-      float second = v[i];
-      if (vmax != nullptr) second = vmax[i] = std::max(vmax[i], v[i]);
-      const float denom = std::sqrt(second) / k.bias_correction2_sqrt + k.eps;
-      p = p + k.neg_step_size * (m[i] / denom);
-      store_from_float(pb, i, pd, p);
-    }
+    for (size_t i = 0; i < n; ++i)
+      store_from_float(pb, i, pd,
+                       formula::adamw(load_as_float(pb, i, pd), load_as_float(gb, i, gd), m[i], v[i], vmax ? vmax + i : nullptr, k));
   });
 }
 

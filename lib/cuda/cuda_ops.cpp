@@ -132,11 +132,9 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
 
 void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                   const Tensor& max_exp_avg_sq, const ops::AdamWScalars& k) {
-  const kernels::AdamWArgs args{k.decay, k.one_minus_beta1, k.beta2, k.one_minus_beta2, k.bias_correction2_sqrt, k.eps,
-                                k.neg_step_size};
   kernels::adamw_update(static_cast<CudaStream&>(stream.impl()).stream(), param.numel(), param.data_ptr(), int(param.dtype()),
                         grad.data_ptr(), int(grad.dtype()), exp_avg.data<float>(), exp_avg_sq.data<float>(),
-                        max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr, args);
+                        max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr, k);
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -202,6 +202,11 @@ TEST_CASE("ops reject bad arguments with the operation and the values") {
   Tensor a16 = Tensor::zeros({3, 4}, DType::bf16, Device::cpu());
   CHECK_THROWS_WITH_AS(ops::gemm(s, a16, false, Tensor::zeros({4, 6}, DType::f32, Device::cpu()), false, c),
                        "[gemm] dtype mismatch: a is bf16, b is f32", Error);
+  CHECK_THROWS_WITH_AS(ops::gemm(s, a, false, Tensor::zeros({4, 6}, DType::f32, Device::cpu()), false,
+                                 Tensor::zeros({3, 6}, DType::bf16, Device::cpu())),
+                       "[gemm] f32 inputs need an f32 output (no f32 x f32 -> bf16 product in cuBLAS)", Error);
+  CHECK_THROWS_WITH_AS(ops::syrk(s, a, false, Tensor::zeros({3, 3}, DType::bf16, Device::cpu())),
+                       "[syrk] f32 inputs need an f32 output (no f32 x f32 -> bf16 product in cuBLAS)", Error);
   CHECK_THROWS_WITH_AS(ops::axpby(s, 1.f, a, 1.f, c), "[axpby] shape mismatch [3, 4] vs [3, 6]", Error);
   CHECK_THROWS_WITH_AS(ops::gemm(s, Tensor::zeros({4}, DType::f32, Device::cpu()), false, b, false, c),
                        "[gemm] expected a 2-D or 3-D tensor, got Tensor(f32, [4], cpu)", Error);

@@ -1,4 +1,6 @@
 // CUDA backend against the CPU backend. Skipped (with the reason printed by main) without a device.
+#include <limits>
+
 #include "test_util.h"
 
 using namespace swapopt;
@@ -106,5 +108,78 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     ops::gemm(cs, a.to(Device::cpu()), false, a.to(Device::cpu()), false, want);
     cs.synchronize();
     CHECK(compare("cuda ordered copy", host.to_float_vector(), want.to_float_vector()).max_abs < 1e-3);
+  }
+
+  TEST_CASE("every elementwise and fused op: CUDA equals the CPU bitwise (all dtypes, NaN, inf, subnormals)") {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const int64_t n = 100003;  // odd, and more than one grid-stride pass
+    std::vector<float> a = test::random_values(size_t(n), 11), b = test::random_values(size_t(n), 12);
+    const float special[] = {nan, inf, -inf, 0.f, -0.f, 1e-40f, -1e-40f, 65504.f, 70000.f, 3.3895e38f, 1e-7f};
+    for (size_t i = 0; i < 11; ++i) a[i] = special[i], b[5 * i] = special[i];
+    Stream cs(Device::cpu()), gs(Device::cuda(0));
+    auto both = [&](auto&& op, std::vector<Tensor> cpu) {  // runs op on CPU tensors and on their copies on the GPU
+      std::vector<Tensor> gpu;
+      for (const Tensor& t : cpu) gpu.push_back(t.to(Device::cuda(0)));
+      op(cs, cpu);
+      op(gs, gpu);
+      cs.synchronize();
+      gs.synchronize();
+      bool same = true;
+      for (size_t i = 0; i < cpu.size(); ++i) same = same && test::same_bits(cpu[i], gpu[i].to(Device::cpu()));
+      return same;
+    };
+    for (DType xd : {DType::f32, DType::bf16, DType::f16})
+      for (DType yd : {DType::f32, DType::bf16, DType::f16}) {
+        CAPTURE(dtype_name(xd));
+        CAPTURE(dtype_name(yd));
+        const Tensor x = Tensor::from_floats(a, {n}, xd), y = Tensor::from_floats(b, {n}, yd);
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::axpby(s, 0.75f, t[0], -1.5f, t[1]); }, {x, y.clone()}));
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::axpby(s, 0.75f, t[0], 0.f, t[1]); }, {x, y.clone()}));
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::lerp(s, t[1], t[0], 0.3f); }, {x, y.clone()}));
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::lerp(s, t[1], t[0], 0.7f); }, {x, y.clone()}));
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::cast(s, t[0], t[1]); }, {x, y.clone()}));
+        // Muon momentum: grad xd, buffer and update yd.
+        CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::muon_momentum(s, t[0], t[1], t[2], 0.95f, 0.9f, true); },
+                   {x, y.clone(), Tensor::zeros({n}, yd, Device::cpu())}));
+        // AdamW: param yd, grad xd, f32 state, with and without amsgrad.
+        ops::AdamWScalars k;
+        k.decay = 0.999f;
+        k.bias_correction2_sqrt = 0.3f;
+        k.neg_step_size = -0.01f;
+        for (bool amsgrad : {false, true})
+          CHECK(both([&](Stream& s, std::vector<Tensor>& t) { ops::adamw_update(s, t[0], t[1], t[2], t[3], amsgrad ? t[4] : Tensor(), k); },
+                     {y.clone(), x, Tensor::from_floats(b, {n}), Tensor::from_floats(a, {n}).clone(),
+                      Tensor::from_floats(b, {n})}));
+      }
+    const Tensor x = Tensor::from_floats(a, {7, n / 7}, DType::f32);
+    Tensor norms = Tensor::from_floats({1.f, 2.f, nan, 0.f, 1e-30f, inf, 3.f}, {7});
+    CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
+  }
+
+  TEST_CASE("launch shapes: more than 65535 matrices (norms, normalisation, SYRK mirror)") {
+    Stream cs(Device::cpu()), gs(Device::cuda(0));
+    const int64_t count = 70000;
+    const Tensor x = test::random_tensor({count, 3, 4}, DType::f32, 13);
+    Tensor n_cpu = Tensor::zeros({count}, DType::f32, Device::cpu()), n_gpu = Tensor::zeros({count}, DType::f32, Device::cuda(0));
+    ops::frobenius_norm(cs, x, n_cpu);
+    const Tensor xg = x.to(Device::cuda(0));
+    ops::frobenius_norm(gs, xg, n_gpu);
+    Tensor y = x.clone(), yg = x.to(Device::cuda(0));
+    ops::scale_by_inverse_norm(cs, y, n_cpu, 1e-7f);
+    ops::scale_by_inverse_norm(gs, yg, n_cpu.to(Device::cuda(0)), 1e-7f);
+    Tensor s_cpu = Tensor::zeros({count, 3, 3}, DType::f32, Device::cpu()), s_gpu = Tensor::zeros({count, 3, 3}, DType::f32, Device::cuda(0));
+    ops::syrk(cs, x, false, s_cpu);
+    ops::syrk(gs, xg, false, s_gpu);
+    cs.synchronize();
+    gs.synchronize();
+    CHECK(compare("cuda norms of 70000 matrices", n_gpu.to_float_vector(), n_cpu.to_float_vector()).max_rel < 1e-5);
+    CHECK(test::same_bits(yg.to(Device::cpu()), y));  // same norms in: the same bits out
+    const std::vector<float> sg = s_gpu.to_float_vector();
+    size_t asymmetric = 0;
+    for (int64_t m = 0; m < count; ++m)
+      for (int64_t i = 0; i < 3; ++i)
+        for (int64_t j = 0; j < 3; ++j) asymmetric += sg[size_t(m * 9 + i * 3 + j)] != sg[size_t(m * 9 + j * 3 + i)];
+    CHECK(asymmetric == 0);
+    CHECK(compare("cuda syrk of 70000 matrices", sg, s_cpu.to_float_vector()).max_abs < 1e-5);
   }
 }

@@ -1,8 +1,9 @@
 #pragma once
 /** Fused elementwise optimizer updates, on both backends, asynchronous on a stream (see core/ops.h
- *  for the conventions). Math in f32 with each step rounded as written below, so the CPU and CUDA
- *  results follow the same formula. */
+ *  for the conventions). Math in f32 with each step rounded as written below: both backends call
+ *  the functions of core/elementwise_formulas.h, so their results are bitwise equal. */
 
+#include "swapopt/core/elementwise_formulas.h"
 #include "swapopt/core/stream.h"
 #include "swapopt/core/tensor.h"
 
@@ -14,16 +15,8 @@ namespace swapopt::ops {
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& out_buf, const Tensor& out_update, float m1, float m2,
                    bool nesterov);
 
-/** Per-step scalars of AdamW, computed on the host in f64 as torch does, then rounded to f32. */
-struct AdamWScalars {
-  float decay = 1.f;              // 1 - lr * weight_decay
-  float one_minus_beta1 = 0.1f;   // lerp weight of exp_avg
-  float beta2 = 0.999f;
-  float one_minus_beta2 = 0.001f;
-  float bias_correction2_sqrt = 1.f;
-  float eps = 1e-8f;
-  float neg_step_size = -1e-3f;   // -lr / (1 - beta1^step)
-};
+/** Per-step scalars of AdamW (see core/elementwise_formulas.h). */
+using AdamWScalars = formula::AdamWScalars;
 
 /** torch.optim.AdamW's single-tensor update, in its order:
  *  p *= decay; m = lerp(m, g, 1-b1); v = v*b2 + ((1-b2)*g)*g; [vmax = max(vmax, v); use vmax];
