@@ -39,4 +39,11 @@ LaunchEnv LaunchEnv::from_environment() {
   return env;
 }
 
+Device LaunchEnv::device() const {
+  const int count = cuda_device_count();
+  if (count == 0) return Device::cpu();
+  SWAPOPT_CHECK(local_rank < count, "[comm] LOCAL_RANK " << local_rank << " has no GPU: " << count << " visible");
+  return Device::cuda(local_rank);
+}
+
 }  // namespace swapopt

@@ -10,4 +10,8 @@ bool cuda_built() { return cuda::built(); }
 
 int cuda_device_count() { return cuda::device_count(); }
 
+void use_device(Device device) {
+  if (device.is_cuda()) cuda::set_process_device(device.index);
+}
+
 }  // namespace swapopt

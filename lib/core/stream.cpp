@@ -25,6 +25,13 @@ Stream::Stream(Device device) {
   ++g_streams_created;
 }
 
+Stream Stream::borrow(void* native_handle, Device device) {
+  SWAPOPT_CHECK(native_handle != nullptr, "[Stream::borrow] null stream handle for " << device.str());
+  if (device.is_cuda()) return Stream(cuda::borrow_stream(native_handle, device.index));
+  // The CPU handle is the queue itself; the no-op deleter leaves it to its owner.
+  return Stream(std::shared_ptr<StreamImpl>(static_cast<cpu::CpuStream*>(native_handle), [](StreamImpl*) {}));
+}
+
 Device Stream::device() const { return impl_->device(); }
 
 void Stream::wait(const Event& event) {
@@ -44,11 +51,12 @@ void Stream::enqueue(std::function<void()> fn) {
 
 Stream& default_stream(Device device) {
   static std::mutex mutex;
-  static std::map<std::pair<int, int>, Stream> streams;
+  // Never destroyed: at exit the CUDA runtime may already be gone, so their handles stay with the process.
+  static auto* streams = new std::map<std::pair<int, int>, Stream>();
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(int(device.type), device.index);
-  auto it = streams.find(key);
-  if (it == streams.end()) it = streams.emplace(key, Stream(device)).first;
+  auto it = streams->find(key);
+  if (it == streams->end()) it = streams->emplace(key, Stream(device)).first;
   return it->second;
 }
 

@@ -37,7 +37,8 @@ class CpuStream final : public StreamImpl {
   Device device() const override { return Device::cpu(); }
   void wait(EventImpl& event) override;
   void synchronize() override;
-  void* native_handle() const override { return nullptr; }
+  /** The queue itself (what Stream::borrow takes on the CPU). */
+  void* native_handle() const override { return const_cast<CpuStream*>(this); }
   void enqueue(std::function<void()> fn) override { push(std::move(fn), false); }
   /** Control tasks (event signals and waits) run even after an earlier task failed, so no waiter
    *  is left blocked; ordinary tasks after a failure are skipped until synchronize() reports it. */

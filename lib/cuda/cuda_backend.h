@@ -25,7 +25,12 @@ Allocator& device_allocator(int index);
 /** cudaHostAlloc-backed allocator; valid only when device_count() > 0. */
 Allocator& pinned_allocator();
 
+/** See swapopt::use_device. */
+void set_process_device(int index);
+
 std::shared_ptr<StreamImpl> make_stream(int index);
+/** A StreamImpl on `native` (a cudaStream_t of device `index` the caller owns and keeps alive). */
+std::shared_ptr<StreamImpl> borrow_stream(void* native, int index);
 std::shared_ptr<EventImpl> make_event(int index, bool enable_timing);
 
 /** Synchronous memset of device memory. */

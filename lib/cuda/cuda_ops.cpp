@@ -11,6 +11,10 @@ namespace {
 
 CudaStream& cuda_stream(Stream& stream) { return static_cast<CudaStream&>(stream.impl()); }
 
+/** Every op launches with its stream's device current (kernels and cuBLAS run on the current
+ *  device), restoring the caller's afterwards. */
+#define SWAPOPT_ON_STREAM_DEVICE(stream) DeviceGuard device_guard_(cuda_stream(stream).index())
+
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::f32: return CUDA_R_32F;
@@ -28,6 +32,7 @@ int code(DType t) { return int(t); }
 // column-major is its transpose: so B goes first, and each trans flag carries over unchanged.
 void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
           float beta) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   const MatrixLayout la = matrix_layout(a, "gemm"), lb = matrix_layout(b, "gemm"), lc = matrix_layout(c, "gemm");
   const int64_t k = trans_a ? la.rows : la.cols;
   CudaStream& s = cuda_stream(stream);
@@ -41,6 +46,7 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
 // f32: cublasSsyrk fills one triangle (column-major upper = row-major lower), mirrored by a kernel.
 // bf16: cuBLAS has no real bf16 SYRK, so the full product A A^T is a strided-batched GEMM.
 void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
     gemm(stream, a, trans_a, a, !trans_a, c, alpha, beta);
     return;
@@ -59,17 +65,20 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float 
 }
 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   kernels::axpby(cuda_stream(stream).stream(), x.numel(), alpha, x.data_ptr(), code(x.dtype()), beta, y.data_ptr(),
                  code(y.dtype()));
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
 void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   kernels::lerp(cuda_stream(stream).stream(), a.numel(), a.data_ptr(), code(a.dtype()), b.data_ptr(), code(b.dtype()), weight);
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   const int64_t count = norms.numel();
   kernels::frobenius_norm(cuda_stream(stream).stream(), count, count ? x.numel() / count : 0, x.data_ptr(), code(x.dtype()),
                           norms.data<float>());
@@ -77,6 +86,7 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
 }
 
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   const int64_t count = norms.numel();
   kernels::scale_by_inverse_norm(cuda_stream(stream).stream(), count, count ? x.numel() / count : 0, x.data_ptr(),
                                  code(x.dtype()), norms.data<float>(), eps);
@@ -84,11 +94,13 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
 }
 
 void cast(Stream& stream, const Tensor& src, const Tensor& dst) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   kernels::cast(cuda_stream(stream).stream(), src.numel(), src.data_ptr(), code(src.dtype()), dst.data_ptr(), code(dst.dtype()));
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
 void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   if (src.numel() == 0) return;
   cudaStream_t s = cuda_stream(stream).stream();
   if (src.is_contiguous() && dst.is_contiguous()) {
@@ -115,6 +127,7 @@ void copy(Stream& stream, const Tensor& src, const Tensor& dst) {
 }
 
 void fill_zero(Stream& stream, const Tensor& x) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   if (x.numel() == 0) return;
   SWAPOPT_CUDA_CHECK(cudaMemsetAsync(x.data_ptr(), 0, x.nbytes(), cuda_stream(stream).stream()));
 }
@@ -125,6 +138,7 @@ namespace swapopt::cuda {
 
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
                    bool nesterov) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   kernels::muon_momentum(static_cast<CudaStream&>(stream.impl()).stream(), grad.numel(), grad.data_ptr(), int(grad.dtype()),
                          buf.data_ptr(), int(buf.dtype()), update.data_ptr(), int(update.dtype()), m1, m2, nesterov);
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
@@ -132,6 +146,7 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
 
 void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                   const Tensor& max_exp_avg_sq, const ops::AdamWScalars& k) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
   kernels::adamw_update(static_cast<CudaStream&>(stream.impl()).stream(), param.numel(), param.data_ptr(), int(param.dtype()),
                         grad.data_ptr(), int(grad.dtype()), exp_avg.data<float>(), exp_avg_sq.data<float>(),
                         max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr, k);

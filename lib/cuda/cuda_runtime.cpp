@@ -1,4 +1,5 @@
 // CUDA devices, allocators, streams and events.
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -47,9 +48,9 @@ class CudaDeviceAllocator final : public Allocator {
     counter_.on_allocate(nbytes);
     return ptr;
   }
-  void deallocate(void* ptr, size_t nbytes, Stream* stream) override {
+  void deallocate(void* ptr, size_t nbytes, Stream* stream) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
-    DeviceGuard guard(index_);
+    DeviceGuard guard(index_, std::nothrow);
     SWAPOPT_CUDA_WARN(cudaFreeAsync(ptr, raw(stream)));
     counter_.on_free(nbytes);
   }
@@ -65,13 +66,16 @@ class PinnedAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Stream*) override {
     if (nbytes == 0) return nullptr;
+    DeviceGuard guard(process_device());
     void* ptr = nullptr;
-    SWAPOPT_CUDA_CHECK(cudaHostAlloc(&ptr, nbytes, cudaHostAllocDefault));
+    // Portable: pinned for every device's context, not only the one current here.
+    SWAPOPT_CUDA_CHECK(cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable));
     counter_.on_allocate(nbytes);
     return ptr;
   }
-  void deallocate(void* ptr, size_t nbytes, Stream*) override {
+  void deallocate(void* ptr, size_t nbytes, Stream*) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
+    DeviceGuard guard(process_device(), std::nothrow);
     SWAPOPT_CUDA_WARN(cudaFreeHost(ptr));
     counter_.on_free(nbytes);
   }
@@ -99,18 +103,50 @@ Allocator& pinned_allocator() {
   return *allocator;
 }
 
+std::shared_ptr<StreamImpl> borrow_stream(void* native, int index) {
+  return std::make_shared<CudaStream>(index, static_cast<cudaStream_t>(native));
+}
+
 void memset_sync(void* ptr, size_t nbytes, int index) {
   DeviceGuard guard(index);
   SWAPOPT_CUDA_CHECK(cudaMemset(ptr, 0, nbytes));
   SWAPOPT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-DeviceGuard::DeviceGuard(int index) {
+namespace {
+std::atomic<int> g_process_device{-1};
+}  // namespace
+
+void set_process_device(int index) {
+  check_device(index, "use_device");
+  SWAPOPT_CUDA_CHECK(cudaSetDevice(index));
+  g_process_device = index;
+}
+
+int process_device() {
+  const int chosen = g_process_device;
+  if (chosen >= 0) return chosen;
+  int current = 0;
+  SWAPOPT_CUDA_CHECK(cudaGetDevice(&current));
+  return current;
+}
+
+DeviceGuard::DeviceGuard(int index) : index_(index) {
   SWAPOPT_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != index) SWAPOPT_CUDA_CHECK(cudaSetDevice(index));
 }
 
-DeviceGuard::~DeviceGuard() { SWAPOPT_CUDA_WARN(cudaSetDevice(previous_)); }
+DeviceGuard::DeviceGuard(int index, std::nothrow_t) : index_(index) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    previous_ = index_ = -1;  // nothing to restore
+    return;
+  }
+  if (previous_ != index) SWAPOPT_CUDA_WARN(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ != index_) SWAPOPT_CUDA_WARN(cudaSetDevice(previous_));
+}
 
 CudaStream::CudaStream(int index) : index_(index) {
   check_device(index, "Stream");
@@ -120,9 +156,17 @@ CudaStream::CudaStream(int index) : index_(index) {
   SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 }
 
+CudaStream::CudaStream(int index, cudaStream_t borrowed) : index_(index), stream_(borrowed), owned_(false) {
+  check_device(index, "Stream::borrow");
+  DeviceGuard guard(index);
+  SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
+  SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+}
+
 CudaStream::~CudaStream() {
+  DeviceGuard guard(index_, std::nothrow);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  if (stream_ != nullptr) SWAPOPT_CUDA_WARN(cudaStreamDestroy(stream_));
+  if (owned_ && stream_ != nullptr) SWAPOPT_CUDA_WARN(cudaStreamDestroy(stream_));
 }
 
 void CudaStream::wait(EventImpl& event) {
@@ -148,6 +192,7 @@ double CudaEvent::elapsed_ms_since(const EventImpl& start) const {
 }
 
 CudaEvent::~CudaEvent() {
+  DeviceGuard guard(index_, std::nothrow);
   if (event_ != nullptr) SWAPOPT_CUDA_WARN(cudaEventDestroy(event_));
 }
 

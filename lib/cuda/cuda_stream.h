@@ -2,30 +2,42 @@
 // CUDA streams and events (internal; includes CUDA headers).
 
 #include <cublas_v2.h>
+
+#include <new>
 #include <cuda_runtime.h>
 
 #include "../core/stream_impl.h"
 
 namespace swapopt::cuda {
 
-/** Makes `index` the current device for the scope, restoring the previous one. */
+/** Makes `index` the current device for the scope; restores the previous one only if it changed it
+ *  (so no context is ever created on a device the caller did not use). */
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index);
+  /** For destructor paths: reports a failure on stderr instead of throwing. */
+  DeviceGuard(int index, std::nothrow_t);
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;
+  int index_ = -1;
 };
 
-/** A blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams). */
+/** The device pinned memory is allocated near: use_device()'s, else the calling thread's current. */
+int process_device();
+
+/** A blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams),
+ *  created here or borrowed from the caller (then never destroyed here). */
 class CudaStream final : public StreamImpl {
  public:
   explicit CudaStream(int index);
+  CudaStream(int index, cudaStream_t borrowed);
   ~CudaStream() override;
   Device device() const override { return Device::cuda(index_); }
+  int index() const { return index_; }
   void wait(EventImpl& event) override;
   void synchronize() override;
   void* native_handle() const override { return stream_; }
@@ -36,6 +48,7 @@ class CudaStream final : public StreamImpl {
  private:
   int index_;
   cudaStream_t stream_ = nullptr;
+  bool owned_ = true;
   cublasHandle_t cublas_ = nullptr;
 };
 

@@ -16,7 +16,9 @@ bool built() { return false; }
 int device_count() { return 0; }
 Allocator& device_allocator(int) { not_built("device_allocator"); }
 Allocator& pinned_allocator() { not_built("pinned_allocator"); }
+void set_process_device(int) { not_built("use_device"); }
 std::shared_ptr<StreamImpl> make_stream(int) { not_built("Stream"); }
+std::shared_ptr<StreamImpl> borrow_stream(void*, int) { not_built("Stream::borrow"); }
 std::shared_ptr<EventImpl> make_event(int, bool) { not_built("Event"); }
 void memset_sync(void*, size_t, int) { not_built("memset"); }
 void gemm(Stream&, const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) { not_built("gemm"); }

@@ -118,3 +118,43 @@ TEST_CASE("stream and event creation is counted") {
   CHECK(after.streams_created == before.streams_created + 1);
   CHECK(after.events_created == before.events_created + 1);
 }
+
+TEST_CASE("a borrowed CPU stream runs swapopt's work in order with its owner's, and leaves the owner's queue alive") {
+  Stream owner(Device::cpu());
+  std::vector<ParamPtr> params = {make_param("w", Tensor::from_floats(std::vector<float>(64, 1.f), {64}))};
+  std::vector<float> seen;
+  {
+    Stream borrowed = Stream::borrow(owner.native_handle(), Device::cpu());
+    CHECK(borrowed == owner);
+    AdamW adamw(borrowed);
+    adamw.add_param_group(params);
+    params[0]->grad = Tensor::zeros({64}, DType::f32, Device::cpu());
+    // The trainer writes the grad on its own stream, the step follows on the same queue, and the
+    // trainer's next work there sees the updated param: no host synchronisation in between.
+    float* grad = params[0]->grad.data<float>();
+    owner.enqueue([grad] { std::fill(grad, grad + 64, 0.5f); });
+    adamw.step();
+    const float* w = params[0]->data.data<float>();
+    owner.enqueue([w, &seen] { seen.assign(w, w + 64); });
+  }  // the borrowing optimizer and handle are gone; the owner's queue is not
+  owner.synchronize();
+  REQUIRE(seen.size() == 64);
+  CHECK(seen[0] < 1.f);  // updated by a positive grad before the trainer read it
+  bool ran = false;
+  owner.enqueue([&ran] { ran = true; });
+  owner.synchronize();
+  CHECK(ran);
+  CHECK_THROWS_WITH_AS(Stream::borrow(nullptr, Device::cpu()), "[Stream::borrow] null stream handle for cpu", Error);
+}
+
+TEST_CASE("the process device: LaunchEnv::device() and use_device() without a GPU") {
+  LaunchEnv env;
+  env.local_rank = 3;
+  if (cuda_device_count() == 0) {
+    CHECK(env.device() == Device::cpu());
+    use_device(Device::cpu());  // nothing to choose
+  } else {
+    if (cuda_device_count() <= 3)
+      CHECK_THROWS_WITH_AS(env.device(), doctest::Contains("[comm] LOCAL_RANK 3 has no GPU"), Error);
+  }
+}

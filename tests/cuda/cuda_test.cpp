@@ -182,4 +182,47 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(asymmetric == 0);
     CHECK(compare("cuda syrk of 70000 matrices", sg, s_cpu.to_float_vector()).max_abs < 1e-5);
   }
+
+  TEST_CASE("a borrowed cudaStream_t: ops run on it, and dropping the wrapper leaves the owner's stream usable") {
+    Stream owner(Device::cuda(0));
+    const Tensor a = test::random_tensor({64, 64}, DType::f32, 21);
+    Tensor c = Tensor::zeros({64, 64}, DType::f32, Device::cuda(0));
+    {
+      Stream borrowed = Stream::borrow(owner.native_handle(), Device::cuda(0));
+      CHECK(borrowed.native_handle() == owner.native_handle());
+      ops::gemm(borrowed, a.to(Device::cuda(0)), false, a.to(Device::cuda(0)), true, c);
+    }
+    ops::scale(owner, c, 2.f);  // ordered after the borrowed stream's GEMM: the same queue
+    owner.synchronize();
+    Tensor want = Tensor::zeros({64, 64}, DType::f32, Device::cpu());
+    Stream cs(Device::cpu());
+    ops::gemm(cs, a, false, a, true, want, 2.f);
+    cs.synchronize();
+    CHECK(compare("borrowed stream gemm", c.to_float_vector(), want.to_float_vector()).max_abs < 1e-3);
+  }
+
+  TEST_CASE("a device other than 0 (two GPUs visible): ops, swap and the caller's current device" *
+            doctest::skip(cuda_device_count() < 2)) {
+    use_device(Device::cuda(1));
+    Stream s(Device::cuda(1));
+    auto bare_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({96, 64}, DType::f32, 22).to(Device::cuda(1)))};
+    auto swap_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({96, 64}, DType::f32, 22).to(Device::cuda(1)))};
+    Muon bare(s), inner(Stream(Device::cuda(1)));
+    bare.add_param_group(bare_params);
+    inner.add_param_group(swap_params);
+    SwapConfig config;
+    config.min_numel = 1;
+    auto swapped = swap_muon(inner, config);
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor g = test::random_tensor({96, 64}, DType::f32, 100 + uint32_t(step));
+      bare_params[0]->grad = g.to(Device::cuda(1));
+      swap_params[0]->grad = g.to(Device::cuda(1));
+      bare.step();
+      swapped->step();
+    }
+    bare.stream().synchronize();
+    inner.stream().synchronize();
+    CHECK(test::same_bits(bare_params[0]->data.to(Device::cpu()), swap_params[0]->data.to(Device::cpu())));
+    use_device(Device::cuda(0));
+  }
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "swapopt/core/device.h"
 #include "swapopt/core/tensor.h"
 
 namespace swapopt {
@@ -59,6 +60,9 @@ struct LaunchEnv {
 
   /** Reads the variables above; throws naming a missing or bad one. */
   static LaunchEnv from_environment();
+  /** This rank's device: cuda:LOCAL_RANK when CUDA devices are visible (throws when LOCAL_RANK is
+   *  not one of them), else the CPU. Pass it to use_device() and to the streams. */
+  Device device() const;
 };
 
 /** The Gloo (TCP) communicator of all ranks of `env`. */

@@ -27,4 +27,11 @@ bool cuda_built();
 /** Number of visible CUDA devices; 0 when built without CUDA or when no driver/GPU is present. */
 int cuda_device_count();
 
+/** Makes `device` this process's CUDA device: current on the calling thread, and the device near
+ *  which pinned host memory is allocated (no stray context on GPU 0). Call it once, before creating
+ *  streams, in a rank that uses another GPU than 0 (LaunchEnv::device() gives LOCAL_RANK's). A CPU
+ *  device changes nothing. swapopt's own calls make the device of their stream current for their
+ *  duration and restore the caller's afterwards. */
+void use_device(Device device);
+
 }  // namespace swapopt

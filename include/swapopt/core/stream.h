@@ -2,7 +2,8 @@
 /** Ordered work queues (streams) and completion marks (events), with CUDA's semantics on both backends.
  *
  * CUDA: a Stream is a cudaStream_t created blocking (so the legacy default stream, used only for
- * frees without a stream, still orders after it) and an Event a timing-free cudaEvent_t.
+ * frees without a stream, still orders after it), or one borrowed from the trainer, and an Event a
+ * timing-free cudaEvent_t.
  * CPU: a Stream is a worker thread running its queue in order; an Event marks the point in a queue
  * where it was recorded; Stream::wait(e) holds the stream until that point completes. Code written
  * against this interface (the swap pipeline) therefore runs with the same orderings on both.
@@ -25,12 +26,17 @@ class Stream {
  public:
   /** Creates a new stream on `device` (CPU: starts a worker thread). */
   explicit Stream(Device device);
+  /** Wraps a stream the caller owns, without owning it: a cudaStream_t of CUDA `device`, or (the
+   *  CPU stand-in, for tests of the same contract) the native_handle() of a CPU stream. swapopt's
+   *  work on it is ordered with the caller's own work there. The caller keeps it alive while any
+   *  swapopt object uses it and destroys it itself. */
+  static Stream borrow(void* native_handle, Device device);
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
   void wait(const Event& event);
   /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work. */
   void synchronize();
-  /** cudaStream_t for CUDA streams, nullptr for CPU streams. */
+  /** cudaStream_t for CUDA streams; for CPU streams the queue (what borrow() takes). */
   void* native_handle() const;
   /** CPU only: runs `fn` on the worker thread after everything enqueued before it. */
   void enqueue(std::function<void()> fn);
@@ -38,6 +44,7 @@ class Stream {
   bool operator==(const Stream& other) const { return impl_ == other.impl_; }
 
  private:
+  explicit Stream(std::shared_ptr<StreamImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<StreamImpl> impl_;
 };
 
