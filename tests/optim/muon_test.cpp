@@ -87,6 +87,34 @@ TEST_CASE("fused momentum: the nesterov step weighs the update by momentum, the 
   }
 }
 
+TEST_CASE("a zero grad gives a zero update: the param only decays, exactly (Newton-Schulz's epsilon guards 0 / 0)") {
+  for (DType ns_dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(ns_dtype));
+    Muon muon(Stream(Device::cpu()));
+    ParamPtr wide = make_param("wide", test::random_tensor({8, 12}, DType::f32, 51));
+    ParamPtr tall = make_param("tall", test::random_tensor({12, 8}, DType::f32, 52));
+    MuonOptions o;  // weight_decay 0.1, lr 2e-2
+    o.ns_dtype = ns_dtype;
+    muon.add_param_group({wide, tall}, o);
+    const float decay = float(1.0 - o.lr * o.weight_decay);
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<std::vector<float>> want;
+      for (const ParamPtr& p : {wide, tall}) {
+        want.push_back(p->data.to_float_vector());
+        for (float& x : want.back()) x *= decay;
+        p->grad = Tensor::zeros(p->data.shape(), DType::f32, Device::cpu());
+      }
+      muon.step();
+      muon.stream().synchronize();
+      CHECK(wide->data.to_float_vector() == want[0]);
+      CHECK(tall->data.to_float_vector() == want[1]);
+    }
+    for (const ParamPtr& p : {wide, tall})
+      CHECK(muon.state().at(p.get()).tensors.at("momentum_buffer").to_float_vector() ==
+            std::vector<float>(size_t(p->data.numel()), 0.f));
+  }
+}
+
 TEST_CASE("batched Newton-Schulz equals per-matrix Newton-Schulz bitwise on the CPU") {
   Stream s(Device::cpu());
   const auto schedule = ns_schedule("asym5", 5, {});
