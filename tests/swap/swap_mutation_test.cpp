@@ -1,6 +1,6 @@
 // Swap cases that plausible one-line bugs slipped through: the min_numel boundary, early prefetch
 // whose arenas are too small for the real plan, loading a checkpoint that lacks some state (bare
-// and swapped, with and without a pending prefetch).
+// and swapped, with and without a pending prefetch), and per-param steps across a swapped resume.
 #include "swap/swap_fixture.h"
 
 using namespace swapopt;
@@ -154,5 +154,43 @@ TEST_SUITE("swap") {
       check_load_replaces_all_state<Muon>(holder, -1, true);
       check_load_replaces_all_state<AdamW>(holder, -1, true);
     }
+  }
+
+  TEST_CASE("swapped resume restores per-param steps: AdamW params that missed grads continue bitwise") {
+    // Uninterrupted bare run of 4 steps; a swapped run saved after 3 and resumed in a fresh swapped
+    // wrapper. a misses step 2, b has a grad at step 2 only: after step 3 the per-param steps are
+    // 2, 1, 3 and the group step is 3.
+    auto grads_at = [](const std::vector<ParamPtr>& params, int step) {
+      set_grads(params, step);
+      if (step == 2) params[0]->grad = Tensor();
+      if (step != 2) params[1]->grad = Tensor();
+    };
+    SwapConfig config;
+    config.swap_times = 2;
+    config.min_numel = 1;
+    auto straight_params = model(5), params = model(5);
+    auto straight = make_optimizer<AdamW>(straight_params), first = make_optimizer<AdamW>(params);
+    auto first_swapped = swap_adamw(*first, config);
+    for (int step = 1; step <= 3; ++step) {
+      grads_at(straight_params, step);
+      grads_at(params, step);
+      straight->step();
+      first_swapped->step();
+    }
+    const StateDict saved = first_swapped->state_dict();
+    CHECK(saved.metadata.find("\"param_steps\":[2,1,3]") != std::string::npos);
+
+    auto resumed_params = copies(params);
+    auto resumed = make_optimizer<AdamW>(resumed_params);
+    auto resumed_swapped = swap_adamw(*resumed, config);
+    resumed_swapped->load_state_dict(saved);
+    CHECK(resumed->state().at(resumed_params[0].get()).step == 2);
+    CHECK(resumed->state().at(resumed_params[1].get()).step == 1);
+    CHECK(resumed->state().at(resumed_params[2].get()).step == 3);
+    set_grads(straight_params, 4);
+    set_grads(resumed_params, 4);
+    straight->step();
+    resumed_swapped->step();
+    check_bitwise(*straight, straight_params, resumed_swapped->state_dict(), resumed_params);
   }
 }
