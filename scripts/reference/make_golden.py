@@ -75,8 +75,20 @@ def muon_golden(rng):
         (dict(lr=5e-2, weight_decay=0.0, matched_adamw_rms=0.2, momentum=0.9, momentum2=0.8, nesterov=False,
               ns_epsilon=1e-7), [LEGACY] * 5, [("legacy", (5, 7))]),
     ]
+    # group 2: nesterov with momentum2 != momentum (the nesterov step uses momentum, the buffer
+    # momentum2). Drawn from a generator of its own, so the values of groups 0-1 and of adamw.txt
+    # stay as they were.
+    extra = [
+        (dict(lr=3e-2, weight_decay=0.05, matched_adamw_rms=0.2, momentum=0.9, momentum2=0.6, nesterov=True,
+              ns_epsilon=1e-7), ASYM5, [("nesterov_wide", (6, 10)), ("nesterov_tall", (12, 8))]),
+    ]
+    write_muon_groups(w, rng, groups, first_index=0)
+    write_muon_groups(w, np.random.default_rng(20261203), extra, first_index=len(groups))
+
+
+def write_muon_groups(w, rng, groups, first_index):
     steps = 3
-    for gi, (opt, schedule, params) in enumerate(groups):
+    for gi, (opt, schedule, params) in enumerate(groups, start=first_index):
         for name, shape in params:
             p = rng.standard_normal(shape) * 0.1
             p = p.astype(np.float32).astype(np.float64)

@@ -70,6 +70,15 @@ TEST_SUITE("mp") {
     std::system(("rm -rf " + dir).c_str());
   }
 
+  // Rank 0 has w0's grad but not w1's, rank 1 the reverse: the counts agree, the fingerprint of
+  // which params does not. A short collective timeout bounds the run should the check miss it.
+  TEST_CASE("sharded HSDP: ranks stepping as many but different params is a named error on every rank") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    expect_all_ok(test::launch_ranks(2, {worker(), "hsdp_grad_mismatch", "same_count"},
+                                     {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "5000"}}, std::chrono::seconds(30)));
+    std::system(("rm -rf " + dir).c_str());
+  }
+
   TEST_CASE("a dead rank: the others fail with the named error within the timeout") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
     const auto r = test::launch_ranks(3, {worker(), "dead_rank"},

@@ -234,9 +234,11 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
   expect(same(bare_params, resumed_params), "resumed from the full copy equals the uninterrupted run");
 }
 
-/** Mesh 1 x size: the last rank lacks one sharded param's grad; every rank fails with the named
- *  error instead of packing mismatched chunks (or hanging). */
-void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm) {
+/** Mesh 1 x size: the ranks of the shard group step different sharded params; every rank fails
+ *  with the named error instead of packing mismatched chunks (or hanging). Without `same_count`
+ *  the last rank lacks w0's grad; with it rank 0 lacks w1's and the others w0's, so every rank
+ *  steps as many params as the others and only which ones differs. */
+void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm, bool same_count) {
   auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, comm->size()}, std::vector<std::string>{"replicate", "shard"},
                                            comm->rank());
   auto params = hsdp_model(mesh, true);
@@ -244,13 +246,18 @@ void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm) {
   muon.add_param_group(params);
   muon.enable_hsdp(comm);
   hsdp_grads(params, 1, mesh.get());
-  if (comm->rank() == comm->size() - 1) params[0]->grad = Tensor();
+  if (same_count) {
+    params[comm->rank() == 0 ? 1 : 0]->grad = Tensor();
+  } else if (comm->rank() == comm->size() - 1) {
+    params[0]->grad = Tensor();
+  }
+  const int first_other = same_count ? 1 : comm->size() - 1;  // the first rank whose list differs from rank 0's
   try {
     muon.step();
-    expect(false, "a grad missing on one rank went unnoticed");
+    expect(false, "ranks stepping other params went unnoticed");
   } catch (const Error& e) {
     std::printf("named error: %s\n", e.what());
-    expect(std::string(e.what()) == "[Muon] rank " + std::to_string(comm->size() - 1) +
+    expect(std::string(e.what()) == "[Muon] rank " + std::to_string(first_other) +
                                         " of the shard group of 'w0' steps other params than rank 0 (a grad is missing on "
                                         "some ranks): every rank of a shard group must step the same params",
            "the mismatch is named");
@@ -272,7 +279,7 @@ int main(int argc, char** argv) {
       std::printf("rank done: %d failures\n", failures);
       return failures == 0 ? 0 : 1;
     } else if (scenario == "hsdp_grad_mismatch") {
-      hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)));
+      hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)), argc > 2 && std::string(argv[2]) == "same_count");
     } else if (scenario == "dead_rank") {
       // The last rank leaves before the collective; the others must fail with a named error in time.
       // The barrier and the pause first let every rank finish connecting (a rank that leaves

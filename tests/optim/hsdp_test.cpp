@@ -81,6 +81,33 @@ TEST_CASE("HSDP plan: soft cap per replica count, owners and NS ranks greedy by 
   CHECK(split[2].params == std::vector<Param*>{params[3], params[4]});
 }
 
+TEST_CASE("HSDP plan ties: equal sizes keep their order; a tied load goes to the lowest coordinate") {
+  auto plan = [](const std::vector<ParamPtr>& keep, int64_t replicas) {
+    std::vector<Param*> params;
+    for (const ParamPtr& p : keep) params.push_back(p.get());
+    const auto out = make_hsdp_assignments(0, params, replicas, 0, 1 << 20, 2);
+    REQUIRE(out.size() == 1);
+    return out[0];
+  };
+  // Four 4x4 on 3 replicas: w0, w1, w2 to 0, 1, 2; then every load ties and w3 goes to 0. Per
+  // owner, NS ranks over 2 shard ranks the same way: owner 0's w0 -> 0, w3 -> 1.
+  const std::vector<ParamPtr> equal = {matrix("w0", 4, 4, 1), matrix("w1", 4, 4, 2), matrix("w2", 4, 4, 3),
+                                       matrix("w3", 4, 4, 4)};
+  const HsdpAssignment a = plan(equal, 3);
+  CHECK(a.params == std::vector<Param*>{equal[0].get(), equal[1].get(), equal[2].get(), equal[3].get()});
+  CHECK(a.owners == std::vector<int64_t>{0, 1, 2, 0});
+  CHECK(a.ns_ranks == std::vector<int64_t>{0, 0, 0, 1});
+  // numel 9, 16, 9, 16, 4 on 2 replicas: order b, d, a, c, e (equal sizes by index). b -> 0
+  // (tie), d -> 1, a -> 0 (16 = 16), c -> 1 (25 > 16), e -> 0 (25 = 25). NS ranks per owner:
+  // owner 0's b, a, e -> 0, 1, 1 (16 > 9); owner 1's d, c -> 0, 1.
+  const std::vector<ParamPtr> mixed = {matrix("a", 3, 3, 5), matrix("b", 4, 4, 6), matrix("c", 3, 3, 7), matrix("d", 4, 4, 8),
+                                       matrix("e", 2, 2, 9)};
+  const HsdpAssignment m = plan(mixed, 2);
+  CHECK(m.params == std::vector<Param*>{mixed[1].get(), mixed[3].get(), mixed[0].get(), mixed[2].get(), mixed[4].get()});
+  CHECK(m.owners == std::vector<int64_t>{0, 1, 0, 1, 0});
+  CHECK(m.ns_ranks == std::vector<int64_t>{0, 0, 1, 1, 1});
+}
+
 TEST_CASE("MeshGroups: indices along mesh dims, the members and names of each group, blocks, caching") {
   FakeCommunicator::SubGroupLog log;
   auto world = std::make_shared<FakeCommunicator>(4, 6, &log);

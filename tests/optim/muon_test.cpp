@@ -17,7 +17,8 @@ TEST_CASE("Muon matches the numpy reference over 3 steps (f32 Newton-Schulz)") {
   auto golden = test::read_golden("muon.txt");
   Muon muon(Stream(Device::cpu()));
   std::vector<GoldenParam> params;
-  const std::vector<std::vector<std::string>> names = {{"wide", "tall", "square", "experts", "single", "squeezed"}, {"legacy"}};
+  const std::vector<std::vector<std::string>> names = {
+      {"wide", "tall", "square", "experts", "single", "squeezed"}, {"legacy"}, {"nesterov_wide", "nesterov_tall"}};
   for (size_t g = 0; g < names.size(); ++g) {
     std::vector<ParamPtr> group;
     for (const std::string& n : names[g]) {
@@ -33,6 +34,13 @@ TEST_CASE("Muon matches the numpy reference over 3 steps (f32 Newton-Schulz)") {
       o.momentum2 = 0.8;
       o.nesterov = false;
       o.ns_variant = "legacy";
+      o.ns_epsilon = 1e-7;
+    }
+    if (g == 2) {  // nesterov with momentum2 != momentum: the nesterov step must use momentum
+      o.lr = 3e-2;
+      o.weight_decay = 0.05;
+      o.momentum = 0.9;
+      o.momentum2 = 0.6;
       o.ns_epsilon = 1e-7;
     }
     muon.add_param_group(group, o);
@@ -57,6 +65,54 @@ TEST_CASE("Muon matches the numpy reference over 3 steps (f32 Newton-Schulz)") {
           1e-5);
   }
   CHECK(muon.param_groups()[0].step == 3);
+}
+
+TEST_CASE("fused momentum: the nesterov step weighs the update by momentum, the buffer by momentum2 (exact, f32 and bf16)") {
+  // g = 1, old buffer 2, m1 = 0.5, m2 = 0.25: u = g + m1 buf = 2; buf' = m2 buf + g = 1.5;
+  // nesterov u' = m1 u + g = 2 (with m2 it would be 1.5). The second element (g = -1, buffer 4)
+  // gives u = 1, buf' = 0, u' = -0.5 (with m2: -0.75). Every value is exact in bf16 too, so the
+  // generic (non-f32) loop is held to the same bits as the vectorised one.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    for (bool nesterov : {true, false}) {
+      Stream s(Device::cpu());
+      const Tensor grad = Tensor::from_floats({1.f, -1.f}, {2}, dtype);
+      const Tensor buf = Tensor::from_floats({2.f, 4.f}, {2}, dtype);
+      const Tensor update = Tensor::zeros({2}, dtype, Device::cpu());
+      ops::muon_momentum(s, grad, buf, update, 0.5f, 0.25f, nesterov);
+      s.synchronize();
+      CHECK(buf.to_float_vector() == std::vector<float>{1.5f, 0.f});
+      CHECK(update.to_float_vector() == (nesterov ? std::vector<float>{2.f, -0.5f} : std::vector<float>{2.f, 1.f}));
+    }
+  }
+}
+
+TEST_CASE("a zero grad gives a zero update: the param only decays, exactly (Newton-Schulz's epsilon guards 0 / 0)") {
+  for (DType ns_dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(ns_dtype));
+    Muon muon(Stream(Device::cpu()));
+    ParamPtr wide = make_param("wide", test::random_tensor({8, 12}, DType::f32, 51));
+    ParamPtr tall = make_param("tall", test::random_tensor({12, 8}, DType::f32, 52));
+    MuonOptions o;  // weight_decay 0.1, lr 2e-2
+    o.ns_dtype = ns_dtype;
+    muon.add_param_group({wide, tall}, o);
+    const float decay = float(1.0 - o.lr * o.weight_decay);
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<std::vector<float>> want;
+      for (const ParamPtr& p : {wide, tall}) {
+        want.push_back(p->data.to_float_vector());
+        for (float& x : want.back()) x *= decay;
+        p->grad = Tensor::zeros(p->data.shape(), DType::f32, Device::cpu());
+      }
+      muon.step();
+      muon.stream().synchronize();
+      CHECK(wide->data.to_float_vector() == want[0]);
+      CHECK(tall->data.to_float_vector() == want[1]);
+    }
+    for (const ParamPtr& p : {wide, tall})
+      CHECK(muon.state().at(p.get()).tensors.at("momentum_buffer").to_float_vector() ==
+            std::vector<float>(size_t(p->data.numel()), 0.f));
+  }
 }
 
 TEST_CASE("batched Newton-Schulz equals per-matrix Newton-Schulz bitwise on the CPU") {

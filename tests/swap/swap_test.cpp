@@ -1,3 +1,5 @@
+#include <tuple>
+
 #include "swap/swap_fixture.h"
 
 using namespace swapopt;
@@ -243,6 +245,37 @@ TEST_SUITE("swap") {
     CHECK(PipelineSwapRuntime::partition({5, 5, 5, 5, 5, 5}, 3) == std::vector<size_t>{2, 2, 2});
     CHECK(PipelineSwapRuntime::partition({100, 1, 1, 1, 1}, 4) == std::vector<size_t>{1, 1, 1, 2});
     CHECK(PipelineSwapRuntime::partition({}, 4).empty());
+  }
+
+  TEST_CASE("partition: a table of cost vectors and their exact batch sizes, edge cases included") {
+    // The balanced greedy rule: each batch takes units while that brings its cost closer to
+    // remaining / batches_left (a tie stops it), leaves a unit for every later batch, and costs
+    // below 1 count as 1.
+    const std::vector<std::tuple<std::vector<int64_t>, int, std::vector<size_t>>> table = {
+        {{3, 1, 2}, 10, {1, 1, 1}},                  // swap_times > n: one unit each
+        {{4, 4}, 0, {2}},                            // swap_times < 1: one batch
+        {{1, 1, 1, 1}, -2, {4}},
+        {{7}, 3, {1}},
+        {{2, 2, 2}, 2, {1, 2}},                      // a tie stops the batch
+        {{5, 5, 5, 5, 5, 5, 5}, 3, {2, 2, 3}},       // ... at every batch
+        {{5, 5, 5, 5, 5}, 4, {1, 1, 1, 2}},
+        {{3, 3, 3, 3}, 2, {2, 2}},
+        {{1000, 1, 1, 1}, 2, {1, 3}},                // one huge cost first, last, in the middle
+        {{1, 1, 1, 1000}, 2, {3, 1}},
+        {{1, 1, 1, 1000}, 3, {2, 1, 1}},             // stops to leave a unit for every later batch
+        {{1000, 1, 1, 1}, 4, {1, 1, 1, 1}},
+        {{1, 1, 1000, 1, 1}, 3, {2, 1, 2}},
+        {{6, 1, 1, 1, 1, 1, 1}, 3, {1, 3, 3}},
+        {{0, 0, 0, 10}, 2, {3, 1}},                  // zeros count as 1
+        {{0, 0, 4, 0, 0}, 2, {2, 3}},
+        {{1, 2, 3, 4, 5, 6, 7, 8}, 3, {4, 2, 2}},
+        {{8, 7, 6, 5, 4, 3, 2, 1}, 3, {2, 2, 4}},
+    };
+    for (size_t row = 0; row < table.size(); ++row) {
+      CAPTURE(row);
+      const auto& [costs, swap_times, sizes] = table[row];
+      CHECK(PipelineSwapRuntime::partition(costs, swap_times) == sizes);
+    }
   }
 
   TEST_CASE("the exact copy/compute call sequence for 1, 2 and 5 batches, packed and not") {
