@@ -121,20 +121,19 @@ void Muon::check_shard_group_grads(const HsdpAssignment& a) {
   const std::vector<Param*> owned = a.owned();
   if (owned.empty()) return;  // this replica owns nothing here, and so does its whole shard group
   // The packing of update_sharded depends on every rank of the shard group stepping the same
-  // params: compare a fingerprint of their positions, so a mismatch fails on every rank alike.
-  uint32_t count = 0, fingerprint = 0;  // < 2^24: exact in f32
-  for (size_t pos = 0; pos < a.params.size(); ++pos) {
-    if (!a.owns(a.params[pos]) || !a.params[pos]->has_grad()) continue;
-    fingerprint = (fingerprint * 31u + uint32_t(pos) + 1u) & 0xffffffu;
-    ++count;
-  }
+  // params: compare which ones, as a bitmask of their positions (24 bits per f32 word, exact), so
+  // a mismatch fails on every rank alike.
+  const size_t words = (a.params.size() + 23) / 24;
+  std::vector<float> mask(words, 0.f);
+  for (size_t pos = 0; pos < a.params.size(); ++pos)
+    if (a.owns(a.params[pos]) && a.params[pos]->has_grad()) mask[pos / 24] += float(1u << (pos % 24));
   const size_t ranks = size_t(a.shards->size());
-  const Tensor mine = Tensor::from_floats({float(count), float(fingerprint)}, {2}).to(device());
-  const Tensor all = Tensor::empty({2 * int64_t(ranks)}, DType::f32, device());
+  const Tensor mine = Tensor::from_floats(mask, {int64_t(words)}).to(device());
+  const Tensor all = Tensor::empty({int64_t(words * ranks)}, DType::f32, device());
   a.shards->all_gather(mine, all)->wait();
-  const std::vector<float> lists = all.to_float_vector();
+  const std::vector<float> masks = all.to_float_vector();
   for (size_t r = 0; r < ranks; ++r)
-    SWAPOPT_CHECK(lists[2 * r] == lists[0] && lists[2 * r + 1] == lists[1],
+    SWAPOPT_CHECK(std::equal(masks.begin() + ptrdiff_t(r * words), masks.begin() + ptrdiff_t((r + 1) * words), masks.begin()),
                   "[Muon] rank " << r << " of the shard group of '" << owned.front()->name
                                  << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
                                     "shard group must step the same params");
