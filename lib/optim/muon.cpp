@@ -164,6 +164,17 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   }
 }
 
+int64_t Muon::workspace_bytes(size_t group, const std::vector<Param*>& params) const {
+  const int64_t s = int64_t(dtype_size(ns_dtype(group)));
+  int64_t total = 0;
+  for (const Param* p : params) {
+    const CoreShape cs = core_shape(p->data.shape());
+    const int64_t k = std::min(cs.rows, cs.cols);
+    total += cs.count * (2 * cs.rows * cs.cols * s + 2 * k * k * s + 4);
+  }
+  return total;
+}
+
 void Muon::orthogonalize(size_t group, const Tensor& x) {
   const MuonOptions& o = options_.at(group);
   if (hooks_.zeropower_fn) {

@@ -30,6 +30,21 @@ std::vector<Param*> Muon::local_params(size_t group) const {
   return out;
 }
 
+int64_t Muon::assignment_workspace_bytes(const HsdpAssignment& a) const {
+  const int64_t s = int64_t(dtype_size(ns_dtype(a.group)));
+  const int64_t ranks = a.shards ? a.shards->size() : 1;
+  int64_t total = 0;
+  for (Param* p : a.params) {
+    const CoreShape cs = core_shape(p->logical_shape());
+    const int64_t k = std::min(cs.rows, cs.cols), logical = shape_numel(p->logical_shape()), local = p->data.numel();
+    total += local * int64_t(p->data.element_size());  // its replicate broadcast buffer
+    if (!a.owns(p)) continue;
+    total += cs.count * (2 * cs.rows * cs.cols * s + 2 * k * k * s + 4);  // NS of the full matrix
+    if (a.sharded()) total += (ranks + 1) * local * s + logical * s + 512 * (ranks + 2);  // chunks, update, alignment
+  }
+  return total;
+}
+
 bool Muon::keeps_state(const Param& param) const {
   for (const HsdpAssignment& a : schedule_)
     if (std::find(a.params.begin(), a.params.end(), &param) != a.params.end()) return a.owns(&param);

@@ -31,6 +31,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
         UpdateUnit unit;
         unit.group = g;
         for (const Param* p : batch) unit.logical_bytes += shape_numel(p->logical_shape()) * int64_t(p->data.element_size());
+        unit.workspace_bytes = muon_.workspace_bytes(g, batch);
         unit.params = std::move(batch);
         units.push_back(std::move(unit));
       }
@@ -43,6 +44,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
     unit.group = a.group;
     unit.assignment = &a;
     unit.logical_bytes = a.logical_bytes();
+    unit.workspace_bytes = muon_.assignment_workspace_bytes(a);
     for (Param* p : a.owned())
       if (assume_all_grads || p->has_grad()) unit.params.push_back(p);
     units.push_back(std::move(unit));

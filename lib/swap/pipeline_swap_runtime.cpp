@@ -246,24 +246,26 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(const std::vector<UpdateUn
                                                       const std::vector<int64_t>& costs) const {
   if (!config_.device_budget_bytes) return partition(costs, config_.swap_times);
   const size_t budget = *config_.device_budget_bytes;
-  size_t largest_unit = 0;
+  size_t workspace = 0;  // units run one at a time: the largest workspace is there on top of the state
+  for (const UpdateUnit& u : units) workspace = std::max(workspace, size_t(u.workspace_bytes));
   for (const UpdateUnit& u : units) {
     size_t bytes = 0;
     for (const SwapSlot* s : u.slots) bytes += s->nbytes();
-    largest_unit = std::max(largest_unit, bytes);
+    SWAPOPT_CHECK(bytes + size_t(u.workspace_bytes) <= budget,
+                  "[swap] device_budget_bytes " << budget << " is below an update unit: " << bytes << " bytes of state + "
+                                                << u.workspace_bytes << " bytes of workspace");
   }
-  SWAPOPT_CHECK(largest_unit <= budget, "[swap] device_budget_bytes " << budget << " is below the largest update unit ("
-                                                                      << largest_unit << " bytes of state)");
   size_t smallest_need = SIZE_MAX;
   for (size_t t = 1; t <= units.size(); ++t) {
     const std::vector<size_t> sizes = partition(costs, int(t));
-    const size_t need = resident_bytes_needed(units, sizes);
+    const size_t need = resident_bytes_needed(units, sizes) + workspace;
     if (need <= budget) return sizes;
     smallest_need = std::min(smallest_need, need);
   }
   if (units.empty()) return {};
   SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "
-                                             << "pipeline needs at least " << smallest_need << " bytes");
+                                             << "pipeline needs at least " << smallest_need << " bytes (" << workspace
+                                             << " of them the largest unit workspace)");
 }
 
 void PipelineSwapRuntime::trace(const char* what, size_t index) {
@@ -520,6 +522,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   }
   const bool adopted = adopt_early_prefetch(batches);
   report_.batches = int(batches.size());
+  for (const UpdateUnit& u : units) report_.peak_workspace_bytes = std::max(report_.peak_workspace_bytes, size_t(u.workspace_bytes));
   create_pending();
   if (batches.empty()) return;
   try {

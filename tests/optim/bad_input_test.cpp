@@ -191,7 +191,7 @@ TEST_SUITE("bad input") {
     set_grads(params, 1);
     const std::string before = snapshot(muon, params, swapped.get());
     CHECK(error_of([&] { swapped->step(); }) ==
-          "[swap] device_budget_bytes 1000 is below the largest update unit (8192 bytes of state)");
+          "[swap] device_budget_bytes 1000 is below an update unit: 8192 bytes of state + 32776 bytes of workspace");
     CHECK(snapshot(muon, params, swapped.get()) == before);
     CHECK(muon.state().empty());
   }

@@ -394,17 +394,32 @@ TEST_SUITE("swap") {
     }
   }
 
-  TEST_CASE("device budget chooses swap_times; impossible budgets name both sizes") {
+  TEST_CASE("device budget chooses swap_times counting unit workspaces; impossible budgets name the sizes") {
     auto params = test::swap_model(16);
     auto muon = make_muon(params);
     SwapConfig c;
     c.packed = false;
-    c.device_budget_bytes = 64 * 48 * 4 * 2 + 96 * 40 * 4;  // roughly two of the largest units
-    auto swapped = swap_muon(*muon, c);
+    // The plan's units: their state bytes and workspaces (the NS input and workspaces).
+    auto plan = [&](SwapOptimizer& s) {
+      std::vector<UpdateUnit> units = s.adapter().plan_units(false);
+      s.runtime().attach_slots(units, s.optimizer());
+      return units;
+    };
+    auto state_of = [](const UpdateUnit& u) {
+      size_t bytes = 0;
+      for (const SwapSlot* slot : u.slots) bytes += slot->nbytes();
+      return bytes;
+    };
     test::set_swap_grads(params, 1);
+    size_t workspace = 0;
+    for (const UpdateUnit& u : MuonSwapAdapter(*muon).plan_units(false)) workspace = std::max(workspace, size_t(u.workspace_bytes));
+    c.device_budget_bytes = 64 * 48 * 4 * 2 + 96 * 40 * 4 + workspace;  // roughly two of the largest units and a workspace
+    auto swapped = swap_muon(*muon, c);
+    const std::vector<UpdateUnit> units = plan(*swapped);
     swapped->step();
     const SwapStepReport report = swapped->last_report();
-    CHECK(report.peak_resident_bytes <= *c.device_budget_bytes);
+    CHECK(report.peak_workspace_bytes == workspace);
+    CHECK(report.peak_resident_bytes + report.peak_workspace_bytes <= *c.device_budget_bytes);
     CHECK(report.batches > 1);
 
     auto params2 = test::swap_model(16);
@@ -412,17 +427,53 @@ TEST_SUITE("swap") {
     c.device_budget_bytes = 1000;
     auto tiny = swap_muon(*muon2, c);
     test::set_swap_grads(params2, 1);
-    CHECK_THROWS_WITH_AS(tiny->step(), "[swap] device_budget_bytes 1000 is below the largest update unit (20480 bytes of state)",
+    const UpdateUnit first = plan(*tiny).front();
+    CHECK_THROWS_WITH_AS(tiny->step(),
+                         ("[swap] device_budget_bytes 1000 is below an update unit: " + std::to_string(state_of(first)) +
+                          " bytes of state + " + std::to_string(first.workspace_bytes) + " bytes of workspace")
+                             .c_str(),
                          Error);
+    // Every unit fits alone, but two batches in flight with the largest workspace do not.
     auto params3 = test::swap_model(16);
     auto muon3 = make_muon(params3);
-    c.device_budget_bytes = 20480 + 100;
+    size_t largest = 0;
+    for (const UpdateUnit& u : units) largest = std::max(largest, state_of(u) + size_t(u.workspace_bytes));
+    c.device_budget_bytes = largest;
     auto tight = swap_muon(*muon3, c);
     test::set_swap_grads(params3, 1);
+    const std::vector<UpdateUnit> units3 = plan(*tight);
+    size_t need = SIZE_MAX;
+    const std::vector<int64_t> costs = tight->adapter().partition_costs(units3);
+    for (size_t t = 1; t <= units3.size(); ++t)
+      need = std::min(need, tight->runtime().resident_bytes_needed(units3, PipelineSwapRuntime::partition(costs, int(t))) + workspace);
+    REQUIRE(need > largest);
     CHECK_THROWS_WITH_AS(tight->step(),
-                         "[swap] device_budget_bytes 20580 cannot hold two batches in flight: the double-buffered pipeline needs "
-                         "at least 32768 bytes",
+                         ("[swap] device_budget_bytes " + std::to_string(largest) +
+                          " cannot hold two batches in flight: the double-buffered pipeline needs at least " + std::to_string(need) +
+                          " bytes (" + std::to_string(workspace) + " of them the largest unit workspace)")
+                             .c_str(),
                          Error);
+  }
+
+  TEST_CASE("Muon::workspace_bytes is what a unit's update allocates on the device") {
+    std::vector<ParamPtr> params = {make_param("a", test::random_tensor({3, 24, 40}, DType::f32, 1)),
+                                    make_param("b", test::random_tensor({24, 40}, DType::f32, 2))};
+    for (DType ns : {DType::f32, DType::bf16}) {
+      CAPTURE(dtype_name(ns));
+      Muon muon(Stream(Device::cpu()));
+      MuonOptions o;
+      o.ns_dtype = ns;
+      muon.add_param_group(params, o);
+      for (const ParamPtr& p : params) p->grad = test::random_tensor(p->data.shape(), DType::f32, 3);
+      std::vector<Param*> batch = {params[0].get(), params[1].get()};
+      muon.update_params(0, batch);  // creates the momentum, which is state, not workspace
+      muon.stream().synchronize();
+      const size_t before = memory_stats(Device::cpu()).current_bytes;
+      reset_peak_memory(Device::cpu());
+      muon.update_params(0, batch);
+      muon.stream().synchronize();
+      CHECK(memory_stats(Device::cpu()).peak_bytes - before == size_t(muon.workspace_bytes(0, batch)));
+    }
   }
 
   TEST_CASE("swap configuration errors are named") {

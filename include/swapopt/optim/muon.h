@@ -150,6 +150,14 @@ class Muon : public Optimizer {
   std::vector<Param*> params_with_grad(size_t group) const;
   /** Working dtype of Newton-Schulz for `group`. */
   DType ns_dtype(size_t group) const;
+  /** Device bytes update_momentum + process_unsharded_batch allocate for `params` (one core shape):
+   *  the stacked NS input and Newton-Schulz's workspaces (2 B m n + 2 B k^2 in the NS dtype, k =
+   *  min(m, n), plus B norms). */
+  int64_t workspace_bytes(size_t group, const std::vector<Param*>& params) const;
+  /** An upper bound of the device bytes one HSDP assignment allocates while it runs on this rank:
+   *  the NS of every param it owns on full matrices, the packed gather and update buffers of a
+   *  sharded one, and the replicate broadcast buffers. */
+  int64_t assignment_workspace_bytes(const HsdpAssignment& assignment) const;
 
  protected:
   std::string group_options_json(size_t group) const override;

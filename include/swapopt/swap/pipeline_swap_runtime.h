@@ -32,6 +32,9 @@ struct SwapStepReport {
   /** Peak bytes of swappable optimizer state resident on the device during the step (restored
    *  slot storage, or staging arenas in packed mode). */
   size_t peak_resident_bytes = 0;
+  /** The largest workspace of a unit of the step (UpdateUnit::workspace_bytes): device bytes on
+   *  top of the resident state while that unit runs. */
+  size_t peak_workspace_bytes = 0;
   /** The first batches' H2D had been issued by prefetch_early() and was used as is. */
   bool early_prefetch_used = false;
 };
@@ -68,7 +71,8 @@ class PipelineSwapRuntime {
    *  greedy rule); returns the batch sizes. */
   static std::vector<size_t> partition(const std::vector<int64_t>& costs, int swap_times);
   /** Batch sizes for `units`: config.swap_times, or with a device budget the smallest count whose
-   *  resident bytes fit (throws naming the budget and the size that does not fit). */
+   *  resident bytes plus the largest unit workspace fit (throws naming the budget and the sizes
+   *  that do not fit). */
   std::vector<size_t> plan_batches(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
   /** Device bytes the pipeline holds at once for these batches: the largest two consecutive
    *  batches (unpacked), or the two staging arenas (packed, each as large as the largest batch of

@@ -19,8 +19,9 @@ struct SwapConfig {
   bool packed = true;
   /** States with fewer elements stay device-resident (tiny states are not worth a transfer). */
   int64_t min_numel = 1024;
-  /** If set, swap_times is chosen per step as the smallest count whose two consecutive batches fit
-   *  in this many bytes of device-resident optimizer state. */
+  /** If set, swap_times is chosen per step as the smallest count whose batches in flight (two
+   *  consecutive ones, or the two staging arenas) plus the largest unit's workspace (Muon's NS
+   *  input and workspaces) fit in this many device bytes. */
   std::optional<size_t> device_budget_bytes;
 
   /** Throws "[swap] swap_times must be positive, got 0" etc. */

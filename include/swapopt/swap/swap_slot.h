@@ -41,6 +41,10 @@ struct UpdateUnit {
   std::vector<Param*> params;               // updated by this unit, in schedule order
   std::vector<Param*> post_update_params;   // post_update_fn runs for these after the unit (Muon)
   int64_t logical_bytes = 0;                // partition cost: state bytes, independent of rank
+  /** Device bytes the unit allocates besides its state while it runs (Muon: the stacked NS input
+   *  and the NS workspaces; HSDP: the gather and broadcast buffers too), freed before the next
+   *  unit runs; the device budget and the report count the largest. */
+  int64_t workspace_bytes = 0;
   std::vector<SwapSlot*> slots;             // filled by the runtime: swappable state the unit reads
   bool done = false;                        // set by the adapter once the unit has run
   const HsdpAssignment* assignment = nullptr;  // Muon HSDP: the assignment this unit runs and flushes
