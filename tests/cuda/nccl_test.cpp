@@ -1,5 +1,7 @@
 // NCCL at world size 1 (one GPU): the collectives run and give the identity results. Skipped
 // without a CUDA device or an NCCL build.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "mp/launcher.h"
@@ -28,6 +30,39 @@ TEST_CASE("NCCL communicator at world size 1" * doctest::skip(test::no_gpu() || 
   CHECK(gathered.to_float_vector() == before);
   CHECK(scattered.to_float_vector() == before);
   std::system(("rm -rf " + env.rendezvous_dir).c_str());
+}
+
+namespace {
+
+/** A bootstrap that claims a world of two but has nobody else: NCCL's init then waits for a
+ *  rank that never comes. */
+struct LonelyBootstrap final : Communicator {
+  struct Done final : Work {
+    void wait() override {}
+  };
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "lonely"; }
+  WorkPtr broadcast(const Tensor&, int) override { return std::make_shared<Done>(); }
+  WorkPtr all_gather(const Tensor&, const Tensor&) override { throw Error("unused"); }
+  WorkPtr all_reduce(const Tensor&) override { throw Error("unused"); }
+  WorkPtr reduce_scatter(const Tensor&, const Tensor&) override { throw Error("unused"); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>&, const std::string&) override { throw Error("unused"); }
+};
+
+}  // namespace
+
+TEST_CASE("NCCL init against a missing rank: a named error within the timeout, the communicator aborted, not destroyed" *
+          doctest::skip(test::no_gpu() || !nccl_built())) {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(make_nccl_communicator(std::make_shared<LonelyBootstrap>(), Stream(Device::cuda(0)), std::chrono::seconds(3)),
+                       "[comm] NCCL rank 0 of 2: init (waiting for every rank to join) did not complete within 3000 ms (the "
+                       "communicator was aborted)",
+                       Error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("NCCL init against a missing rank failed after %.2f s (timeout 3 s)\n", seconds);
+  CHECK(seconds < 10.0);
 }
 
 TEST_CASE("NCCL stand-in names what is missing" * doctest::skip(nccl_built())) {
