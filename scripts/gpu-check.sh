@@ -35,14 +35,30 @@ run() {
   fi
   export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/runtime-libs:${LD_LIBRARY_PATH:-}"
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-  local status=0
-  # CUDA backend vs the CPU one, NCCL at world size 1, sharded HSDP on thread ranks, the whole suite.
-  "$BUILD/tests/swapopt-tests" -ts=cuda 2>&1 | tee "$out/tests-cuda.txt" || status=1
-  "$BUILD/tests/swapopt-tests" -tc="NCCL*" 2>&1 | tee "$out/tests-nccl.txt" || status=1
-  "$BUILD/tests/swapopt-tests" -tc="*on one GPU*" 2>&1 | tee "$out/tests-hsdp-gpu.txt" || status=1
-  "$BUILD/tests/swapopt-tests" 2>&1 | tail -n 30 > "$out/tests-all.txt" || status=1
+  local status=0 tests="$BUILD/tests/swapopt-tests"
+  # Everything below is bounded so that the whole run fits in 8 minutes.
+  # CUDA backend vs the CPU one (bitwise elementwise ops, > 65535 matrices, borrowed stream, swap
+  # bitwise, a second GPU when there is one), NCCL (world size 1, init against a missing rank),
+  # sharded HSDP on thread ranks, then the whole suite.
+  timeout 120 "$tests" -ts=cuda 2>&1 | tee "$out/tests-cuda.txt" || status=1
+  timeout 60 "$tests" -tc="NCCL*" 2>&1 | tee "$out/tests-nccl.txt" || status=1
+  timeout 60 "$tests" -tc="*on one GPU*" 2>&1 | tee "$out/tests-hsdp-gpu.txt" || status=1
+  SWAPOPT_RANDOM_CONFIGS=300 timeout 120 "$tests" 2>&1 | tail -n 30 > "$out/tests-all.txt" || status=1
+  # compute-sanitizer over the CUDA suite, where the device has it: memory errors, shared-memory
+  # races, and synchronisation misuse.
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+  if [ -n "$sanitizer" ]; then
+    for tool in memcheck racecheck synccheck; do
+      timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 1 "$tests" -ts=cuda \
+        -tce="launch shapes*" > "$out/sanitizer-$tool.txt" 2>&1 || status=1
+      tail -n 3 "$out/sanitizer-$tool.txt"
+    done
+  else
+    echo "compute-sanitizer not found: skipped" | tee "$out/sanitizer.txt"
+  fi
   for b in ns momentum swap step adamw; do
-    timeout 120 "$BUILD/bench/swapopt-bench" "$b" --device cuda > "$out/bench-$b.jsonl" 2> "$out/bench-$b.txt" || status=1
+    timeout 30 "$BUILD/bench/swapopt-bench" "$b" --device cuda > "$out/bench-$b.jsonl" 2> "$out/bench-$b.txt" || status=1
   done
   tail -n 1 "$out"/tests-*.txt
   return $status
