@@ -143,8 +143,10 @@ void Muon::check_shard_group_grads(const HsdpAssignment& a) {
   for (size_t pos = 0; pos < a.params.size(); ++pos)
     if (a.owns(a.params[pos]) && a.params[pos]->has_grad()) mask[pos / 24] += float(1u << (pos % 24));
   const size_t ranks = size_t(a.shards->size());
-  const Tensor mine = Tensor::from_floats(mask, {int64_t(words)}).to(device());
-  const Tensor all = Tensor::empty({int64_t(words * ranks)}, DType::f32, device());
+  const Tensor mine = Tensor::empty({int64_t(words)}, DType::f32, device(), &stream_);
+  const Tensor all = Tensor::empty({int64_t(words * ranks)}, DType::f32, device(), &stream_);
+  ops::copy(stream_, Tensor::from_floats(mask, {int64_t(words)}), mine);
+  stream_.synchronize();  // the collective reads `mine` now
   a.shards->all_gather(mine, all)->wait();
   const std::vector<float> masks = all.to_float_vector();
   for (size_t r = 0; r < ranks; ++r)

@@ -57,7 +57,8 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
   ParamState& ps = state_[&param];
   auto it = ps.tensors.find(key);
   if (it == ps.tensors.end()) {
-    Tensor zeros = Tensor::empty(param.data.shape(), state_dtype(key, param), device());
+    // Stream-ordered: no allocation on the legacy default stream (a barrier across all streams).
+    Tensor zeros = Tensor::empty(param.data.shape(), state_dtype(key, param), device(), &stream_);
     ops::fill_zero(stream_, zeros);
     it = ps.tensors.emplace(key, zeros).first;
   }
