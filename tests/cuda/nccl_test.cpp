@@ -65,6 +65,21 @@ TEST_CASE("NCCL init against a missing rank: a named error within the timeout, t
   CHECK(seconds < 10.0);
 }
 
+TEST_CASE("NCCL on 2 ranks, one GPU each (two GPUs visible): every collective and a sub-group" *
+          doctest::skip(cuda_device_count() < 2 || !nccl_built())) {
+  const std::string dir = test::make_temp_dir("swapopt_nccl2_");
+  const test::LaunchResult r = test::launch_ranks(2, {test::test_path(SWAPOPT_MP_WORKER, "swapopt-mp-worker"), "nccl"},
+                                                  {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "30000"}},
+                                                  std::chrono::seconds(120));
+  CHECK_FALSE(r.timed_out);
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(r.ranks[i].output);
+    CHECK(r.ranks[i].exit_code == 0);
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST_CASE("NCCL stand-in names what is missing" * doctest::skip(nccl_built())) {
   CHECK_THROWS_WITH_AS(make_nccl_communicator(nullptr, Stream(Device::cpu()), std::chrono::seconds(1)),
                        "[comm] swapopt was built without NCCL (needs CUDA, Gloo and libnccl; reconfigure with -Dnccl=enabled)",

@@ -63,6 +63,37 @@ void collectives(Communicator& comm) {
   }
 }
 
+/** NCCL over the Gloo bootstrap, one GPU per rank (LOCAL_RANK's): every collective on device
+ *  tensors, and a sub-group. */
+void nccl_collectives(std::shared_ptr<Communicator> bootstrap, const LaunchEnv& env) {
+  const Device device = env.device();
+  expect(device.is_cuda(), "a GPU per rank");
+  use_device(device);
+  Stream stream(device);
+  auto nccl = make_nccl_communicator(bootstrap, stream, env.timeout);
+  const int r = nccl->rank(), n = nccl->size();
+  auto on_gpu = [&](int64_t count, float value) { return filled(count, value).to(device); };
+  Tensor b = on_gpu(5, r == 1 ? 7.f : -1.f);
+  nccl->broadcast(b, 1)->wait();
+  expect(b.to_float_vector() == std::vector<float>(5, 7.f), "nccl broadcast");
+  Tensor in = on_gpu(3, float(r + 1)), out = Tensor::zeros({3 * n}, DType::f32, device);
+  nccl->all_gather(in, out)->wait();
+  for (int i = 0; i < n; ++i) expect(out.to_float_vector()[size_t(3 * i)] == float(i + 1), "nccl all_gather");
+  Tensor sum = on_gpu(4, float(r));
+  nccl->all_reduce(sum)->wait();
+  expect(sum.to_float_vector() == std::vector<float>(4, float(n * (n - 1) / 2)), "nccl all_reduce");
+  Tensor rs_in = on_gpu(2 * n, float(r)), rs_out = Tensor::zeros({2}, DType::f32, device);
+  nccl->reduce_scatter(rs_in, rs_out)->wait();
+  expect(rs_out.to_float_vector() == std::vector<float>(2, float(n * (n - 1) / 2)), "nccl reduce_scatter");
+  std::vector<int> all(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) all[size_t(i)] = i;
+  auto sub = nccl->sub_group(all, "nccl_all");
+  Tensor x = on_gpu(2, 1.f);
+  sub->all_reduce(x)->wait();
+  expect(x.to_float_vector()[0] == float(n), "nccl sub-group all_reduce");
+  nccl->barrier();
+}
+
 /** The model of the HSDP scenario, on a mesh replicate x shard: every kind of layout. */
 struct ParamSpec {
   std::string name;
@@ -278,6 +309,8 @@ int main(int argc, char** argv) {
       hsdp(std::shared_ptr<Communicator>(std::move(comm)), std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]));
       std::printf("rank done: %d failures\n", failures);
       return failures == 0 ? 0 : 1;
+    } else if (scenario == "nccl") {
+      nccl_collectives(std::shared_ptr<Communicator>(std::move(comm)), env);
     } else if (scenario == "hsdp_grad_mismatch") {
       hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)), argc > 2 && std::string(argv[2]) == "same_count");
     } else if (scenario == "dead_rank") {
