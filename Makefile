@@ -11,7 +11,7 @@ deps:
 	@scripts/install-deps.sh
 
 $(BUILD)/build.ninja: | deps
-	meson setup $(BUILD) --buildtype=$(BUILDTYPE) $(MESON_ARGS)
+	meson setup $(BUILD) --buildtype=$(BUILDTYPE) -Dnative_arch=true $(MESON_ARGS)
 
 configure: $(BUILD)/build.ninja
 

@@ -26,6 +26,29 @@ sub() {
     "$work/subproject/build/consumer"
 }
 check subproject sub || tail -20 "$work/sub.log"
+# As a subproject of a debug parent: the library compiled optimised, nothing but the library built,
+# and portable code (no AVX-512 without native_arch).
+optimised() {
+  python3 - "$work/subproject/build/compile_commands.json" <<'PY'
+import json, sys
+lib = [c for c in json.load(open(sys.argv[1])) if "/subprojects/swapopt/lib/" in c["file"]]
+slow = [c["file"] for c in lib if " -O3" not in c["command"]]
+print(f"{len(lib)} library sources, {len(slow)} without -O3")
+sys.exit(1 if not lib or slow else 0)
+PY
+}
+check "subproject library optimised under a debug parent" optimised
+only_library() {
+  ! ninja -C "$work/subproject/build" -t targets all | grep -E -q 'swapopt-(tests|bench|train|hsdp|smoke)'
+}
+check "subproject builds only the library" only_library
+portable() {
+  local zmm
+  zmm=$(objdump -d "$work/subproject/build/subprojects/swapopt/libswapopt.so" | grep -c zmm)
+  echo "zmm instructions in the default library: $zmm"
+  [ "$zmm" -eq 0 ]
+}
+check "default library without AVX-512" portable
 
 # 2. Installed: meson install into a staging root, found through pkg-config.
 cp -r "$here/pkgconfig" "$work/pkgconfig"
