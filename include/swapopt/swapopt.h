@@ -2,6 +2,7 @@
 /** Umbrella header: everything a trainer needs. */
 
 #include "swapopt/comm/communicator.h"
+#include "swapopt/version.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/device.h"
 #include "swapopt/core/device_mesh.h"

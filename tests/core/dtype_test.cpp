@@ -60,3 +60,10 @@ TEST_CASE("dtype names parse and bad names are named in the error") {
   CHECK(dtype_size(DType::f16) == 2);
   CHECK_THROWS_WITH_AS(dtype_from_name("f64"), "[dtype] unknown dtype 'f64' (expected f32, bf16 or f16)", Error);
 }
+
+TEST_CASE("the version: macros from the project version, and the linked library's") {
+  CHECK(std::string(version()) == SWAPOPT_VERSION_STRING);
+  CHECK(std::string(SWAPOPT_VERSION_STRING) ==
+        std::to_string(SWAPOPT_VERSION_MAJOR) + "." + std::to_string(SWAPOPT_VERSION_MINOR) + "." +
+            std::to_string(SWAPOPT_VERSION_PATCH));
+}
