@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-FLOAT = r"(?:f16|f16x2|bf16|bf16x2|f32|f64)"
+FLOAT = r"(?:f16|f16x2|bf16|bf16x2|f32|f32x2|f64)"
 FORBIDDEN = [
     (re.compile(rf"\b(?:fma|mad)(?:\.[a-z0-9]+)*\.{FLOAT}\b"), "fused multiply-add"),
     (re.compile(rf"\b(?:mul|add|sub)(?:\.(?:sat|ftz))*\.{FLOAT}\b"), "float mul/add/sub without a rounding modifier"),
@@ -39,10 +39,10 @@ def ptx_of(path, cuobjdump):
 
 
 def kernels(ptx):
-    """(name, body lines) of every .entry function."""
+    """(name, body lines) of every .entry kernel and .func device function (inlined or called)."""
     out, name, body = [], None, []
     for line in ptx.splitlines():
-        m = re.search(r"\.entry\s+([A-Za-z0-9_$]+)", line)
+        m = re.search(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?([A-Za-z0-9_$]+)", line)
         if m:
             if name:
                 out.append((name, body))
@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--cuobjdump")
     args = parser.parse_args()
     found = kernels(ptx_of(args.library, args.cuobjdump))
-    if not found:
+    if not any(True for _ in found):
         sys.exit(f"check-no-fma: no kernels in the PTX of {args.library} (built with CUDA and embedded PTX?)")
     bad = 0
     for name, body in found:

@@ -72,6 +72,19 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == 0 || std::memcmp(ha.data_ptr(), hb.data_ptr(), a.nbytes()) == 0;
 }
 
+/** Bitwise equality, except that any two NaNs count as equal: the GPU makes every NaN it computes
+ *  the canonical 0x7fffffff, x86 keeps an input NaN's payload (or makes 0xffc00000). */
+inline bool same_bits_or_both_nan(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  for (size_t i = 0; i < size_t(a.numel()); ++i) {
+    const float x = load_as_float(ha.data_ptr(), i, a.dtype()), y = load_as_float(hb.data_ptr(), i, b.dtype());
+    if (std::isnan(x) && std::isnan(y)) continue;
+    if (formula::float_bits(x) != formula::float_bits(y)) return false;
+  }
+  return true;
+}
+
 /** Naive f64 reference of c = alpha * op(a) op(b) + beta * c for one row-major matrix. */
 inline std::vector<float> naive_gemm(const std::vector<float>& a, int64_t ar, int64_t ac, bool ta, const std::vector<float>& b,
                                      int64_t br, int64_t bc, bool tb, const std::vector<float>& c, float alpha, float beta) {

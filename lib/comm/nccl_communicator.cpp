@@ -3,6 +3,7 @@
 // given CUDA stream; waits poll completion and NCCL's asynchronous error, aborting on a timeout.
 #include <nccl.h>
 
+#include <functional>
 #include <thread>
 
 #include "../cuda/cuda_check.h"
@@ -130,8 +131,9 @@ class NcclCommunicator final : public Communicator {
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check(tensor, "broadcast");
     cuda::DeviceGuard guard(stream_.device().index);
-    return finish("broadcast",
-                  ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, comm(), raw()));
+    return finish("broadcast", [&](ncclComm_t c) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, c, raw());
+    });
   }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     check(in, "all_gather");
@@ -139,7 +141,8 @@ class NcclCommunicator final : public Communicator {
     SWAPOPT_CHECK(out.nbytes() == in.nbytes() * size_t(size()), "[comm] all_gather output " << out.str() << " must hold "
                                                                                              << size() << " x " << in.str());
     cuda::DeviceGuard guard(stream_.device().index);
-    return finish("all_gather", ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm(), raw()));
+    return finish("all_gather",
+                  [&](ncclComm_t c) { return ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, c, raw()); });
   }
   WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override {
     check(in, "reduce_scatter");
@@ -148,14 +151,17 @@ class NcclCommunicator final : public Communicator {
                   "[comm] reduce_scatter: input of " << size() << " x the output's elements, got " << in.str() << " -> "
                                                      << out.str());
     cuda::DeviceGuard guard(stream_.device().index);
-    return finish("reduce_scatter", ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()),
-                                                      nccl_type(out.dtype()), ncclSum, comm(), raw()));
+    return finish("reduce_scatter", [&](ncclComm_t c) {
+      return ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), nccl_type(out.dtype()), ncclSum, c, raw());
+    });
   }
   WorkPtr all_reduce(const Tensor& tensor) override {
     check(tensor, "all_reduce");
     cuda::DeviceGuard guard(stream_.device().index);
-    return finish("all_reduce", ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), size_t(tensor.numel()),
-                                              nccl_type(tensor.dtype()), ncclSum, comm(), raw()));
+    return finish("all_reduce", [&](ncclComm_t c) {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), size_t(tensor.numel()), nccl_type(tensor.dtype()), ncclSum, c,
+                           raw());
+    });
   }
   void barrier() override {
     const Tensor token = Tensor::zeros({1}, DType::f32, stream_.device());
@@ -170,18 +176,22 @@ class NcclCommunicator final : public Communicator {
 
  private:
   cudaStream_t raw() const { return static_cast<cudaStream_t>(stream_.native_handle()); }
-  ncclComm_t comm() const { return static_cast<ncclComm_t>(state_->handle()); }
 
   void check(const Tensor& t, const char* op) const {
     SWAPOPT_CHECK(t.device() == stream_.device() && t.is_contiguous(),
                   "[comm] " << op << " on NCCL needs contiguous tensors on " << stream_.device().str() << ", got " << t.str());
   }
 
-  /** After a collective call that returned `result` (a non-blocking communicator may still be
-   *  enqueueing it): settles it, then records its completion on the stream (event on the stream's
-   *  device, which is current here). */
-  WorkPtr finish(const char* collective, ncclResult_t result) {
+  /** Issues `collective` on the handle (held against a concurrent abort), settles it (a
+   *  non-blocking communicator may still be enqueueing it), then records its completion on the
+   *  stream (event on the stream's device, which is current here). */
+  WorkPtr finish(const char* collective, const std::function<ncclResult_t(ncclComm_t)>& issue) {
     const std::string what = collective;  // the state's errors name the rank and group size
+    ncclResult_t result = ncclSuccess;
+    state_->call([&](void* comm) {
+      result = issue(static_cast<ncclComm_t>(comm));
+      return status_of(result);
+    });
     if (status_of(result) == nccl::Status::error) {
       state_->abort();
       SWAPOPT_FAIL("[comm] NCCL rank " << rank() << " of " << size() << ": " << what << " failed: "

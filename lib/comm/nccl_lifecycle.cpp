@@ -9,14 +9,14 @@ namespace swapopt::nccl {
 CommState::CommState(std::shared_ptr<Api> api, std::string what) : api_(std::move(api)), what_(std::move(what)) {}
 
 CommState::~CommState() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (comm_ != nullptr && !aborted_) api_->destroy(comm_);
 }
 
 void CommState::init(const std::function<Status(void**)>& start, Clock::time_point deadline, std::chrono::milliseconds timeout) {
   Status status;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock lock(mutex_);
     SWAPOPT_CHECK(comm_ == nullptr && !aborted_, what_ << ": init called twice");
     status = start(&comm_);
   }
@@ -27,7 +27,7 @@ void CommState::init(const std::function<Status(void**)>& start, Clock::time_poi
 void CommState::settle(Status status, const std::string& op, Clock::time_point deadline, std::chrono::milliseconds timeout) {
   for (;;) {
     std::string message;
-    if (status != Status::error) status = api_->async_error(handle(), message);
+    if (status != Status::error) status = call([&](void* comm) { return api_->async_error(comm, message); });
     if (status == Status::success) return;
     if (status == Status::error) {
       abort();
@@ -41,7 +41,7 @@ void CommState::settle(Status status, const std::string& op, Clock::time_point d
 
 void CommState::check(const std::string& op) {
   std::string message;
-  if (api_->async_error(handle(), message) != Status::error) return;
+  if (call([&](void* comm) { return api_->async_error(comm, message); }) != Status::error) return;
   abort();
   fail(what_ + ": " + op + " failed: " + message + " (the communicator was aborted)");
 }
@@ -51,14 +51,14 @@ void CommState::expire(const std::string& op, std::chrono::milliseconds timeout)
   fail(what_ + ": " + op + " did not complete within " + std::to_string(timeout.count()) + " ms (the communicator was aborted)");
 }
 
-void* CommState::handle() {
-  std::lock_guard<std::mutex> lock(mutex_);
+Status CommState::call(const std::function<Status(void*)>& f) {
+  std::shared_lock lock(mutex_);
   SWAPOPT_CHECK(!aborted_, what_ << " was aborted after an earlier error or timeout: create a new communicator");
-  return comm_;
+  return f(comm_);
 }
 
 void CommState::abort() noexcept {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (aborted_ || comm_ == nullptr) {
     aborted_ = true;
     return;
@@ -68,7 +68,7 @@ void CommState::abort() noexcept {
 }
 
 bool CommState::aborted() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock lock(mutex_);
   return aborted_;
 }
 

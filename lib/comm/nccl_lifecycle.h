@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 namespace swapopt::nccl {
@@ -49,8 +50,9 @@ class CommState {
   void check(const std::string& op);
   /** Aborts and throws "<what>: <op> did not complete within <timeout> ms ...". */
   [[noreturn]] void expire(const std::string& op, std::chrono::milliseconds timeout);
-  /** The handle for a new call; throws once the communicator was aborted. */
-  void* handle();
+  /** Runs `call` on the handle, which no abort can free meanwhile (another thread's timeout waits
+   *  until the call returns); throws once the communicator was aborted. */
+  Status call(const std::function<Status(void* comm)>& call);
   /** Aborts once (later calls do nothing); never throws. */
   void abort() noexcept;
   bool aborted();
@@ -60,7 +62,7 @@ class CommState {
 
   std::shared_ptr<Api> api_;
   std::string what_;
-  std::mutex mutex_;
+  std::shared_mutex mutex_;  // shared while NCCL uses the handle, exclusive to make or free it
   void* comm_ = nullptr;
   bool aborted_ = false;
 };

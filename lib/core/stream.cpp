@@ -26,8 +26,8 @@ Stream::Stream(Device device) {
 }
 
 Stream Stream::borrow(void* native_handle, Device device) {
+  if (device.is_cuda()) return Stream(cuda::borrow_stream(native_handle, device.index));  // 0: the legacy default stream
   SWAPOPT_CHECK(native_handle != nullptr, "[Stream::borrow] null stream handle for " << device.str());
-  if (device.is_cuda()) return Stream(cuda::borrow_stream(native_handle, device.index));
   // The CPU handle is the queue itself; the no-op deleter leaves it to its owner.
   return Stream(std::shared_ptr<StreamImpl>(static_cast<cpu::CpuStream*>(native_handle), [](StreamImpl*) {}));
 }

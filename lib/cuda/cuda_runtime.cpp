@@ -75,7 +75,7 @@ class PinnedAllocator final : public Allocator {
   }
   void deallocate(void* ptr, size_t nbytes, Stream*) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
-    DeviceGuard guard(process_device(), std::nothrow);
+    DeviceGuard guard(process_device(std::nothrow), std::nothrow);
     SWAPOPT_CUDA_WARN(cudaFreeHost(ptr));
     counter_.on_free(nbytes);
   }
@@ -131,6 +131,13 @@ int process_device() {
   return current;
 }
 
+int process_device(std::nothrow_t) noexcept {
+  const int chosen = g_process_device;
+  int current = 0;
+  if (chosen >= 0 || cudaGetDevice(&current) != cudaSuccess) return chosen >= 0 ? chosen : 0;
+  return current;
+}
+
 DeviceGuard::DeviceGuard(int index) : index_(index) {
   SWAPOPT_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != index) SWAPOPT_CUDA_CHECK(cudaSetDevice(index));
@@ -159,6 +166,12 @@ CudaStream::CudaStream(int index) : index_(index) {
 CudaStream::CudaStream(int index, cudaStream_t borrowed) : index_(index), stream_(borrowed), owned_(false) {
   check_device(index, "Stream::borrow");
   DeviceGuard guard(index);
+  // swapopt's frees without a stream go on the legacy default stream, which orders after blocking
+  // streams only: a non-blocking one would let such a free overtake work still queued there.
+  unsigned flags = 0;
+  SWAPOPT_CUDA_CHECK(cudaStreamGetFlags(stream_, &flags));
+  SWAPOPT_CHECK(!(flags & cudaStreamNonBlocking), "[Stream::borrow] the stream was created with cudaStreamNonBlocking; "
+                                                  "swapopt needs a blocking stream (or the legacy default stream, 0)");
   SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
   SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 }

@@ -28,6 +28,8 @@ class DeviceGuard {
 
 /** The device pinned memory is allocated near: use_device()'s, else the calling thread's current. */
 int process_device();
+/** The same for destructor paths: device 0 when the runtime cannot answer; never throws. */
+int process_device(std::nothrow_t) noexcept;
 
 /** A blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams),
  *  created here or borrowed from the caller (then never destroyed here). */

@@ -59,7 +59,7 @@ TEST_SUITE("nccl lifecycle") {
       nccl::CommState state(api, "[comm] NCCL rank 0 of 2");
       state.init(start_in_progress, nccl::Clock::now() + std::chrono::seconds(5), std::chrono::milliseconds(5000));
       CHECK(api->polls == 3);
-      CHECK(state.handle() == &g_comm);
+      CHECK(state.call([](void* comm) { return comm == &g_comm ? Status::success : Status::error; }) == Status::success);
     }
     CHECK(api->destroys == 1);
     CHECK(api->aborts == 0);
@@ -78,7 +78,7 @@ TEST_SUITE("nccl lifecycle") {
       CHECK(seconds >= 0.2);
       CHECK(seconds < 2.0);
       CHECK(state.aborted());
-      CHECK(error_of([&] { state.handle(); }) ==
+      CHECK(error_of([&] { state.call([](void*) { return Status::success; }); }) ==
             "[comm] NCCL rank 1 of 4 was aborted after an earlier error or timeout: create a new communicator");
     }
     CHECK(api->aborts == 1);

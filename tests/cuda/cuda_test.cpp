@@ -112,10 +112,12 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
 
   TEST_CASE("every elementwise and fused op: CUDA equals the CPU bitwise (all dtypes, NaN, inf, subnormals)") {
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-    const int64_t n = 100003;  // odd, and more than one grid-stride pass
+    const int64_t n = 100003;  // odd: a partial last block
     std::vector<float> a = test::random_values(size_t(n), 11), b = test::random_values(size_t(n), 12);
     const float special[] = {nan, inf, -inf, 0.f, -0.f, 1e-40f, -1e-40f, 65504.f, 70000.f, 3.3895e38f, 1e-7f};
     for (size_t i = 0; i < 11; ++i) a[i] = special[i], b[5 * i] = special[i];
+    std::vector<float> abs_a = a;  // second moments are never negative
+    for (float& v : abs_a) v = std::fabs(v);
     Stream cs(Device::cpu()), gs(Device::cuda(0));
     auto both = [&](auto&& op, std::vector<Tensor> cpu) {  // runs op on CPU tensors and on their copies on the GPU
       std::vector<Tensor> gpu;
@@ -125,7 +127,7 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
       cs.synchronize();
       gs.synchronize();
       bool same = true;
-      for (size_t i = 0; i < cpu.size(); ++i) same = same && test::same_bits(cpu[i], gpu[i].to(Device::cpu()));
+      for (size_t i = 0; i < cpu.size(); ++i) same = same && test::same_bits_or_both_nan(cpu[i], gpu[i].to(Device::cpu()));
       return same;
     };
     for (DType xd : {DType::f32, DType::bf16, DType::f16})
@@ -148,12 +150,23 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
         k.neg_step_size = -0.01f;
         for (bool amsgrad : {false, true})
           CHECK(both([&](Stream& s, std::vector<Tensor>& t) { ops::adamw_update(s, t[0], t[1], t[2], t[3], amsgrad ? t[4] : Tensor(), k); },
-                     {y.clone(), x, Tensor::from_floats(b, {n}), Tensor::from_floats(a, {n}).clone(),
-                      Tensor::from_floats(b, {n})}));
+                     {y.clone(), x, Tensor::from_floats(b, {n}), Tensor::from_floats(abs_a, {n}), Tensor::from_floats(abs_a, {n})}));
       }
-    const Tensor x = Tensor::from_floats(a, {7, n / 7}, DType::f32);
+    const Tensor x = Tensor::from_floats(std::vector<float>(a.begin(), a.begin() + 7 * (n / 7)), {7, n / 7}, DType::f32);
     Tensor norms = Tensor::from_floats({1.f, 2.f, nan, 0.f, 1e-30f, inf, 3.f}, {7});
     CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
+  }
+
+  TEST_CASE("launch shapes: more matrices than the norm kernel's blocks (each block loops over several)") {
+    Stream cs(Device::cpu()), gs(Device::cuda(0));
+    const int64_t count = 1100000;  // > 1048560 blocks
+    const Tensor x = test::random_tensor({count, 1, 2}, DType::f32, 14);
+    Tensor n_cpu = Tensor::zeros({count}, DType::f32, Device::cpu()), n_gpu = Tensor::zeros({count}, DType::f32, Device::cuda(0));
+    ops::frobenius_norm(cs, x, n_cpu);
+    ops::frobenius_norm(gs, x.to(Device::cuda(0)), n_gpu);
+    cs.synchronize();
+    gs.synchronize();
+    CHECK(compare("cuda norms of 1.1M matrices", n_gpu.to_float_vector(), n_cpu.to_float_vector()).max_rel < 1e-6);
   }
 
   TEST_CASE("launch shapes: more than 65535 matrices (norms, normalisation, SYRK mirror)") {
@@ -164,6 +177,7 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     ops::frobenius_norm(cs, x, n_cpu);
     const Tensor xg = x.to(Device::cuda(0));
     ops::frobenius_norm(gs, xg, n_gpu);
+    cs.synchronize();  // n_cpu is read below
     Tensor y = x.clone(), yg = x.to(Device::cuda(0));
     ops::scale_by_inverse_norm(cs, y, n_cpu, 1e-7f);
     ops::scale_by_inverse_norm(gs, yg, n_cpu.to(Device::cuda(0)), 1e-7f);

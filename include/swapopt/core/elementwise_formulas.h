@@ -4,7 +4,8 @@
  *  the fused optimizer updates. The CPU backend calls them in its loops and the CUDA kernels call
  *  the same functions; both sides are compiled without multiply-add contraction (-ffp-contract=off,
  *  nvcc --fmad=false) and with IEEE division and square root, so a CPU op and a CUDA op give the
- *  same bits for the same inputs. */
+ *  same bits for the same inputs, up to the sign and payload of NaNs (the GPU makes every NaN it
+ *  computes canonical; x86 keeps an input NaN's payload). */
 
 #include <cstddef>
 #include <cstdint>

@@ -26,10 +26,12 @@ class Stream {
  public:
   /** Creates a new stream on `device` (CPU: starts a worker thread). */
   explicit Stream(Device device);
-  /** Wraps a stream the caller owns, without owning it: a cudaStream_t of CUDA `device`, or (the
-   *  CPU stand-in, for tests of the same contract) the native_handle() of a CPU stream. swapopt's
-   *  work on it is ordered with the caller's own work there. The caller keeps it alive while any
-   *  swapopt object uses it and destroys it itself. */
+  /** Wraps a stream the caller owns, without owning it: a cudaStream_t of CUDA `device` (blocking,
+   *  or 0 for the legacy default stream; a cudaStreamNonBlocking one is refused, see
+   *  docs/architecture.md), or (the CPU stand-in, for tests of the same contract) the
+   *  native_handle() of a CPU stream. swapopt's work on it is ordered with the caller's own work
+   *  there. The caller keeps it alive while any swapopt object uses it and destroys it itself.
+   *  Each wrapper owns a cuBLAS handle (its destruction synchronises the device): keep it. */
   static Stream borrow(void* native_handle, Device device);
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
