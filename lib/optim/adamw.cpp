@@ -59,6 +59,7 @@ void AdamW::validate_options() const {
 }
 
 void AdamW::step() {
+  check_unwrapped("step()");
   check_step();
   for (ParamGroup& g : groups_) g.step += 1;
   for (size_t g = 0; g < groups_.size(); ++g) {

@@ -238,6 +238,7 @@ void Muon::check_step() {
 }
 
 void Muon::step() {
+  check_unwrapped("step()");
   check_step();
   std::vector<std::vector<Param*>> local(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g)

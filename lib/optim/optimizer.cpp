@@ -36,6 +36,11 @@ void Optimizer::check_grad(const Param& p, bool same_dtype) const {
   SWAPOPT_CHECK(g.is_contiguous(), what << " must be contiguous, got strides " << shape_str(g.strides()));
 }
 
+void Optimizer::check_unwrapped(const std::string& call) const {
+  SWAPOPT_CHECK(!wrapped_, "[" << name_ << "] " << call << " on an optimizer wrapped by a SwapOptimizer: call the wrapper's "
+                               << call << " (the state lives in its host mirrors)");
+}
+
 void Optimizer::check_step() {
   validate_options();
   for (const ParamGroup& g : groups_)
@@ -89,6 +94,7 @@ std::string Optimizer::metadata_json() const {
 }
 
 StateDict Optimizer::state_dict() {
+  check_unwrapped("state_dict()");
   stream_.synchronize();
   StateDict out;
   out.metadata = metadata_json();
@@ -199,6 +205,7 @@ std::function<void()> Optimizer::prepare_load(
 }
 
 void Optimizer::load_state_dict(const StateDict& state) {
+  check_unwrapped("load_state_dict()");
   std::function<void()> apply = prepare_load(state, [this](const Param& param, const std::string& key, const Tensor& host) {
     Tensor device_copy = Tensor::empty(host.shape(), host.dtype(), device());
     ops::copy(stream_, host, device_copy);

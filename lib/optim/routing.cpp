@@ -47,7 +47,8 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
 }
 
 void MuonWithAdamW::step() {
-  adamw_->check_step();  // both halves checked before either changes anything
+  adamw_->check_unwrapped("step()");  // both halves checked before either changes anything
+  adamw_->check_step();
   muon_->step();
   adamw_->step();
 }

@@ -543,6 +543,19 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   }
 }
 
+void PipelineSwapRuntime::return_state() {
+  discard_early_prefetch();
+  copy_.synchronize();
+  compute_.synchronize();
+  for (const auto& slot : slots_) {
+    if (!slot->created) continue;
+    slot->device.storage()->restore(&compute_);
+    ops::copy(compute_, slot->host, slot->device);
+    slot->state = SlotState::device;
+  }
+  compute_.synchronize();  // the mirrors are freed with the runtime
+}
+
 const SwapStepReport& PipelineSwapRuntime::last_report() {
   copy_.synchronize();
   compute_.synchronize();

@@ -1,6 +1,7 @@
 #include "swapopt/swap/swap_optimizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "swapopt/core/error.h"
@@ -39,8 +40,19 @@ SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConf
     : adapter_(std::move(adapter)),
       keys_(resolve_keys(*adapter_, adapter_->optimizer(), config)),
       runtime_(adapter_->optimizer().stream(), config) {
+  SWAPOPT_CHECK(!optimizer().wrapped(), "[swap] " << optimizer().name() << " is already wrapped by a SwapOptimizer");
   adapter_->validate(config);
   runtime_.build(adapter_->slot_layout(keys_), adapter_->optimizer());
+  optimizer().set_wrapped(true);
+}
+
+SwapOptimizer::~SwapOptimizer() {
+  try {
+    runtime_.return_state();
+  } catch (const std::exception& e) {  // destructors never throw; the state stays unreachable
+    std::fprintf(stderr, "swapopt: returning the swapped state to the optimizer failed: %s\n", e.what());
+  }
+  optimizer().set_wrapped(false);
 }
 
 void SwapOptimizer::step() {

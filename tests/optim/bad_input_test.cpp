@@ -35,7 +35,11 @@ std::string snapshot(Optimizer& opt, const std::vector<ParamPtr>& params, SwapOp
   };
   for (const ParamPtr& p : params) bytes(p->data);
   for (const ParamGroup& g : opt.param_groups()) out << "group step " << g.step << ';';
-  for (const auto& [param, ps] : opt.state()) {
+  for (const ParamPtr& p : params) {  // in the params' order (the state map is ordered by address)
+    const auto it = opt.state().find(p.get());
+    if (it == opt.state().end()) continue;
+    const Param* param = p.get();
+    const ParamState& ps = it->second;
     out << param->name << " step " << ps.step << ';';
     for (const auto& [key, tensor] : ps.tensors) {
       out << key << ' ';
@@ -375,5 +379,57 @@ TEST_SUITE("bad input") {
           CHECK(unchanged[size_t(rank)] == "yes");
         }
       }
+  }
+
+  TEST_CASE("a wrapped optimizer refuses its own step, state_dict, load and a second wrap, changing nothing") {
+    for (bool adamw : {false, true}) {
+      Subject s(adamw, true);
+      CAPTURE(s.name());
+      const std::string name = s.optimizer->name();
+      const StateDict checkpoint = s.state_dict();
+      set_grads(s.params, 3);
+      const std::string before = s.snap();
+      CHECK(error_of([&] { s.optimizer->step(); }) ==
+            "[" + name + "] step() on an optimizer wrapped by a SwapOptimizer: call the wrapper's step() (the state lives in its "
+            "host mirrors)");
+      CHECK(error_of([&] { s.optimizer->state_dict(); }) ==
+            "[" + name + "] state_dict() on an optimizer wrapped by a SwapOptimizer: call the wrapper's state_dict() (the state "
+            "lives in its host mirrors)");
+      CHECK(error_of([&] { s.optimizer->load_state_dict(checkpoint); }) ==
+            "[" + name + "] load_state_dict() on an optimizer wrapped by a SwapOptimizer: call the wrapper's load_state_dict() (the "
+            "state lives in its host mirrors)");
+      CHECK(error_of([&] {
+              if (adamw) {
+                swap_adamw(static_cast<AdamW&>(*s.optimizer));
+              } else {
+                swap_muon(static_cast<Muon&>(*s.optimizer));
+              }
+            }) == "[swap] " + name + " is already wrapped by a SwapOptimizer");
+      CHECK(s.snap() == before);
+    }
+    // MuonWithAdamW whose AdamW half is wrapped: Muon's half does not step either.
+    auto params = model(true);
+    MuonWithAdamW opt(Stream(Device::cpu()), params);
+    auto adamw = swap_adamw(opt.adamw());
+    set_grads(params, 1);
+    const std::string before = snapshot(opt.muon(), params, nullptr);
+    CHECK(error_of([&] { opt.step(); }) ==
+          "[AdamW] step() on an optimizer wrapped by a SwapOptimizer: call the wrapper's step() (the state lives in its host mirrors)");
+    CHECK(snapshot(opt.muon(), params, nullptr) == before);
+  }
+
+  TEST_CASE("dropping the wrapper hands the state back: the optimizer goes on bare, bitwise the never-wrapped run") {
+    for (bool adamw : {false, true}) {
+      CAPTURE(adamw);
+      Subject plain(adamw, false), wrapped(adamw, true);  // both stepped twice
+      wrapped.swapped.reset();
+      CHECK_FALSE(wrapped.optimizer->wrapped());
+      CHECK(snapshot(*plain.optimizer, plain.params, nullptr) == snapshot(*wrapped.optimizer, wrapped.params, nullptr));
+      set_grads(plain.params, 3);
+      set_grads(wrapped.params, 3);
+      plain.step();
+      wrapped.step();
+      CHECK(snapshot(*plain.optimizer, plain.params, nullptr) == snapshot(*wrapped.optimizer, wrapped.params, nullptr));
+    }
   }
 }

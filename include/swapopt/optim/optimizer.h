@@ -67,6 +67,14 @@ class Optimizer {
    *  optimizer's parameters; on any mismatch throws a named error and changes nothing. */
   virtual void load_state_dict(const StateDict& state);
 
+  /** Whether a SwapOptimizer wraps this optimizer: its state then lives in the wrapper's host
+   *  mirrors, so step(), state_dict() and load_state_dict() go through the wrapper. */
+  bool wrapped() const { return wrapped_; }
+  /** Set by SwapOptimizer while it wraps this optimizer. */
+  void set_wrapped(bool wrapped) { wrapped_ = wrapped; }
+  /** Throws "[Muon] step() on an optimizer wrapped by a SwapOptimizer: ..." when wrapped. */
+  void check_unwrapped(const std::string& call) const;
+
   /** Whether this rank keeps state for `param` (HSDP Muon: owners only); loading a checkpoint
    *  checks the state of the others and skips it. */
   virtual bool keeps_state(const Param&) const { return true; }
@@ -110,6 +118,7 @@ class Optimizer {
   Stream stream_;
   std::vector<ParamGroup> groups_;
   std::map<const Param*, ParamState> state_;
+  bool wrapped_ = false;
 };
 
 }  // namespace swapopt

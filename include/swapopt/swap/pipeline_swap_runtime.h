@@ -90,6 +90,10 @@ class PipelineSwapRuntime {
   void prefetch_early(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes);
   /** Undoes a pending prefetch_early() (waits for its copies, frees their device memory). */
   void discard_early_prefetch();
+  /** Hands the state back to the optimizer: every existing slot's mirror is copied into device
+   *  memory of its own, and the optimizer holds ordinary device state again (the wrapper is going
+   *  away; nothing is lost). Synchronises. */
+  void return_state();
   /** Synchronises both streams and returns the report of the last run(). */
   const SwapStepReport& last_report();
 

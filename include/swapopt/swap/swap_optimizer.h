@@ -14,9 +14,15 @@ namespace swapopt {
 class SwapOptimizer {
  public:
   /** Validates `config` and the adapter, allocates the pinned mirrors (once) and offloads any
-   *  state the optimizer already holds, waiting for it. The optimizer must outlive this wrapper
-   *  and must not be stepped directly while wrapped. */
+   *  state the optimizer already holds, waiting for it. The optimizer must outlive this wrapper;
+   *  while wrapped, its own step(), state_dict() and load_state_dict() and a second wrap are
+   *  named errors. */
   SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConfig config);
+  /** Hands the optimizer back with its state on the device again (copied from the mirrors), so
+   *  it can go on bare; nothing is lost. */
+  ~SwapOptimizer();
+  SwapOptimizer(const SwapOptimizer&) = delete;
+  SwapOptimizer& operator=(const SwapOptimizer&) = delete;
 
   /** One optimizer step through the swap pipeline (asynchronous on the optimizer's stream, as the
    *  bare step is). */
