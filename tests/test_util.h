@@ -103,6 +103,17 @@ inline std::vector<float> naive_gemm(const std::vector<float>& a, int64_t ar, in
   return out;
 }
 
+/** The message of what `f` throws (a swapopt::Error), or "" when it does not throw. */
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 /** True when a CUDA device can run the CUDA suites. */
 inline bool no_gpu() { return cuda_device_count() == 0; }
 

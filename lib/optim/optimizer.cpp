@@ -36,6 +36,11 @@ void Optimizer::check_grad(const Param& p, bool same_dtype) const {
   SWAPOPT_CHECK(g.is_contiguous(), what << " must be contiguous, got strides " << shape_str(g.strides()));
 }
 
+void Optimizer::zero_grad() {
+  for (ParamGroup& g : groups_)
+    for (ParamPtr& p : g.params) p->grad = Tensor();
+}
+
 void Optimizer::check_unwrapped(const std::string& call) const {
   SWAPOPT_CHECK(!wrapped_, "[" << name_ << "] " << call << " on an optimizer wrapped by a SwapOptimizer: call the wrapper's "
                                << call << " (the state lives in its host mirrors)");

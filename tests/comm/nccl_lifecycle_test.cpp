@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 using namespace swapopt;
+using test::error_of;
 using nccl::Status;
 
 namespace {
@@ -39,15 +40,6 @@ auto start_in_progress = [](void** comm) {
   return Status::in_progress;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

@@ -68,3 +68,36 @@ TEST_CASE("AdamW rejects invalid options by name") {
   o.eps = -1;
   CHECK_THROWS_WITH_AS(adamw.add_param_group({p}, o), "[AdamW] eps must be finite and >= 0, got -1", Error);
 }
+
+TEST_CASE("zero_grad drops every grad: the next step skips the params, bare and swapped alike") {
+  auto make = [] {
+    return std::vector<ParamPtr>{make_param("a", test::random_tensor({40, 40}, DType::f32, 1)),
+                                 make_param("b", test::random_tensor({64}, DType::f32, 2))};
+  };
+  auto bare_params = make(), swap_params = make();
+  AdamW bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+  bare.add_param_group(bare_params);
+  inner.add_param_group(swap_params);
+  SwapConfig config;
+  config.min_numel = 1;
+  auto swapped = swap_adamw(inner, config);
+  for (auto* list : {&bare_params, &swap_params})
+    for (const ParamPtr& p : *list) p->grad = test::random_tensor(p->data.shape(), DType::f32, 3);
+  bare.step();
+  swapped->step();
+  bare.zero_grad();
+  swapped->zero_grad();
+  for (auto* list : {&bare_params, &swap_params})
+    for (const ParamPtr& p : *list) CHECK_FALSE(p->has_grad());
+  bare_params[1]->grad = test::random_tensor({64}, DType::f32, 4);
+  swap_params[1]->grad = test::random_tensor({64}, DType::f32, 4);
+  bare.step();  // only b steps: a keeps its value, its per-param step stays 1
+  swapped->step();
+  CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+  CHECK(bare.state().at(bare_params[0].get()).step == 1);
+  CHECK(bare.state().at(bare_params[1].get()).step == 2);
+  bare.stream().synchronize();
+  inner.stream().synchronize();
+  CHECK(test::same_bits(bare_params[0]->data, swap_params[0]->data));
+  CHECK(test::same_bits(bare_params[1]->data, swap_params[1]->data));
+}

@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 using namespace swapopt;
+using test::error_of;
 
 namespace {
 
@@ -92,16 +93,6 @@ struct Subject {
   std::string name() const { return optimizer->name() + (swapped ? " swapped" : " bare"); }
 };
 
-/** The message of what `f` throws (a swapopt::Error), or "" when it does not throw. */
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 /** A bad grad for the last param, each kind with the message the optimizer named `opt` gives. */
 struct BadGrad {

@@ -52,6 +52,10 @@ class Optimizer {
   /** One update of every parameter that has a gradient; asynchronous on stream(). Calls
    *  check_step() first. */
   virtual void step() = 0;
+  /** Drops every param's grad (torch's zero_grad(set_to_none=True)): the next step skips a param
+   *  whose grad was not set again. The grad buffers' memory is freed in order after the work
+   *  already queued on this optimizer's stream that reads them. */
+  void zero_grad();
   /** Checks everything step() relies on, changing nothing: every group's options (those changed
    *  through mutable_options since included) and the grad of every param the step updates (shape,
    *  dtype, device, contiguous, not released). step() and the swapped step call it before they

@@ -27,6 +27,8 @@ class SwapOptimizer {
   /** One optimizer step through the swap pipeline (asynchronous on the optimizer's stream, as the
    *  bare step is). */
   void step();
+  /** The optimizer's zero_grad(). */
+  void zero_grad() { optimizer().zero_grad(); }
   /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
    *  runs, planned as if every param will have a gradient; step() continues from there when the
    *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. */
