@@ -205,8 +205,13 @@ void run_adamw(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw [--device cpu|cuda] [--reps N] [--dim D]\n";
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s", usage);
+    return 0;
+  }
   if (argc < 2) {
-    std::fprintf(stderr, "usage: swapopt-bench ns|momentum|swap|step|adamw [--device cpu|cuda] [--reps N] [--dim D]\n");
+    std::fprintf(stderr, "%s", usage);
     return 2;
   }
   const std::string command = argv[1];

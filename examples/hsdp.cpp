@@ -36,7 +36,7 @@ struct Config {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "swapopt-hsdp: %s\nflags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N\n",
+  std::fprintf(stderr, "swapopt-hsdp: %s\nflags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --help\n",
                why.c_str());
   std::exit(2);
 }
@@ -45,6 +45,11 @@ Config parse(int argc, char** argv) {
   Config c;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf("swapopt-hsdp: data-parallel training with swapped HSDP Muon on an RxS mesh of local processes\n"
+                  "flags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --help\n");
+      std::exit(0);
+    }
     if (flag == "--no-swap") {
       c.swap = false;
       continue;

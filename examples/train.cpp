@@ -33,11 +33,12 @@ struct Config {
   int log_every = 10;
 };
 
+constexpr const char* kFlags =
+    "flags: --hidden N --layers N --steps N --batch N --swap-times N --packed 0|1 --no-swap --budget BYTES --seed N "
+    "--log-every N --help\n";
+
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "swapopt-train: %s\nflags: --hidden N --layers N --steps N --batch N --swap-times N --packed 0|1 "
-               "--no-swap --budget BYTES --seed N --log-every N\n",
-               why);
+  std::fprintf(stderr, "swapopt-train: %s\n%s", why, kFlags);
   std::exit(2);
 }
 
@@ -45,6 +46,11 @@ Config parse(int argc, char** argv) {
   Config c;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf("swapopt-train: a residual MLP trained with Muon + AdamW, optimizer state swapped to host memory\n%s",
+                  kFlags);
+      std::exit(0);
+    }
     if (flag == "--no-swap") {
       c.swap = false;
       continue;
@@ -182,8 +188,19 @@ void backward(Stream& s, Model& m, const Tensor& x, const Tensor& dlogits) {
 
 }  // namespace
 
+int run(const Config& c);
+
 int main(int argc, char** argv) {
   const Config c = parse(argc, argv);
+  try {
+    return run(c);
+  } catch (const Error& e) {  // e.g. a --budget below what a unit needs: the message says both sizes
+    std::fprintf(stderr, "swapopt-train: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(const Config& c) {
   std::mt19937 gen(c.seed);
   Stream stream(Device::cpu());
   Model model = make_model(c, gen);
@@ -219,7 +236,8 @@ int main(int argc, char** argv) {
   std::vector<int> labels(size_t(c.batch));
   size_t peak_swapped_resident = 0;
   float loss = 0.f, first_loss = 0.f;
-  double total_ms = 0.0;
+  double total_ms = 0.0, steady_ms = 0.0;
+  const int warmup = std::min(10, c.steps / 2);  // first steps allocate and warm caches: not steady state
   for (int step = 1; step <= c.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     float* xv = x.data<float>();
@@ -247,6 +265,7 @@ int main(int argc, char** argv) {
     stream.synchronize();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     total_ms += ms;
+    if (step > warmup) steady_ms += ms;
     if (step % c.log_every == 0 || step == 1 || step == c.steps)
       std::printf("step %4d  loss %.4f  step %.1f ms\n", step, loss, ms);
   }
@@ -262,8 +281,9 @@ int main(int argc, char** argv) {
       }
   std::printf("\nsummary\n");
   std::printf("  loss: %.4f -> %.4f\n", first_loss, loss);
-  std::printf("  steps/s: %.2f (%.1f ms/step on average over %d steps)\n", 1000.0 * c.steps / total_ms, total_ms / c.steps,
-              c.steps);
+  const int steady = c.steps - warmup;
+  std::printf("  steps/s: %.2f steady state (%.1f ms/step over steps %d-%d; with the %d warm-up steps %.1f ms/step)\n",
+              1000.0 * steady / steady_ms, steady_ms / steady, warmup + 1, c.steps, warmup, total_ms / c.steps);
   std::printf("  optimizer state: %zu bytes\n", all_state);
   std::printf("  peak device-resident optimizer bytes without swap: %zu\n", all_state);
   if (c.swap) std::printf("  peak device-resident optimizer bytes with swap:    %zu (%.1f%%)\n", stays + peak_swapped_resident,
