@@ -2,7 +2,6 @@
 /** Umbrella header: everything a trainer needs. */
 
 #include "swapopt/comm/communicator.h"
-#include "swapopt/version.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/device.h"
 #include "swapopt/core/device_mesh.h"
@@ -16,6 +15,7 @@
 #include "swapopt/core/tensor.h"
 #include "swapopt/optim/adamw.h"
 #include "swapopt/optim/checkpoint.h"
+#include "swapopt/optim/grad_clipping.h"
 #include "swapopt/optim/hsdp.h"
 #include "swapopt/optim/hsdp_checkpoint.h"
 #include "swapopt/optim/mesh_groups.h"
@@ -33,3 +33,4 @@
 #include "swapopt/swap/swap_config.h"
 #include "swapopt/swap/swap_optimizer.h"
 #include "swapopt/swap/swap_slot.h"
+#include "swapopt/version.h"

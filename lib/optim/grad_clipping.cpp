@@ -1,0 +1,52 @@
+#include "swapopt/optim/grad_clipping.h"
+
+#include <cmath>
+
+#include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
+
+namespace swapopt {
+
+double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
+  SWAPOPT_CHECK(std::isfinite(max_norm) && max_norm > 0, "[clip_grad_norm] max_norm must be finite and > 0, got " << max_norm);
+  std::vector<const Param*> with_grad;
+  for (const ParamPtr& p : params)
+    if (p->has_grad()) with_grad.push_back(p.get());
+  // One Frobenius norm per grad, on the stream, then the weighted sum of their squares on the host.
+  const Tensor norms = Tensor::empty({int64_t(with_grad.size())}, DType::f32, stream.device(), &stream);
+  for (size_t i = 0; i < with_grad.size(); ++i) {
+    const Tensor& g = with_grad[i]->grad;
+    SWAPOPT_CHECK(g.device() == stream.device() && g.is_contiguous(),
+                  "[clip_grad_norm] grad of '" << with_grad[i]->name << "' must be contiguous on " << stream.device().str()
+                                               << ", got " << g.str());
+    ops::frobenius_norm(stream, g.view({1, g.numel()}), norms.narrow(0, int64_t(i), 1));
+  }
+  stream.synchronize();
+  const std::vector<float> each = with_grad.empty() ? std::vector<float>() : norms.to_float_vector();
+  double sum = 0.0;
+  for (size_t i = 0; i < with_grad.size(); ++i) {
+    double weight = 1.0;
+    if (world != nullptr) {  // 1 / the ranks holding the same elements: every rank, or the param's replicas
+      const Param& p = *with_grad[i];
+      double holders = double(world->size());
+      if (p.layout) {
+        holders = 1.0;
+        for (int64_t dim : p.layout->replicate_dims()) holders *= double(p.layout->mesh().size(dim));
+      }
+      weight = 1.0 / holders;
+    }
+    sum += weight * double(each[i]) * double(each[i]);
+  }
+  if (world != nullptr) {
+    const Tensor total = Tensor::from_floats({float(sum)}, {1}).to(stream.device());
+    world->all_reduce(total)->wait();
+    sum = double(total.to_float_vector()[0]);
+  }
+  const double norm = std::sqrt(sum);
+  const double coef = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && coef < 1.0)
+    for (const Param* p : with_grad) ops::scale(stream, p->grad, float(coef));
+  return norm;
+}
+
+}  // namespace swapopt

@@ -1,0 +1,107 @@
+// clip_grad_norm: torch's rule, exact in one process, each element counted once across HSDP ranks.
+#include <cmath>
+#include <thread>
+
+#include "optim/thread_communicator.h"
+#include "test_util.h"
+
+using namespace swapopt;
+
+namespace {
+
+std::vector<ParamPtr> with_grads(uint32_t seed, float grad_scale) {
+  std::vector<ParamPtr> out = {make_param("w", Tensor::zeros({8, 6}, DType::f32, Device::cpu())),
+                               make_param("v", Tensor::zeros({5}, DType::f32, Device::cpu())),
+                               make_param("none", Tensor::zeros({3}, DType::f32, Device::cpu()))};
+  for (size_t i = 0; i < 2; ++i) {
+    std::vector<float> g = test::random_values(size_t(out[i]->data.numel()), seed + uint32_t(i));
+    for (float& x : g) x *= grad_scale;
+    out[i]->grad = Tensor::from_floats(g, out[i]->data.shape());
+  }
+  return out;  // "none" has no grad
+}
+
+double reference_norm(const std::vector<ParamPtr>& params) {
+  double sum = 0;
+  for (const ParamPtr& p : params)
+    if (p->has_grad())
+      for (float x : p->grad.to_float_vector()) sum += double(x) * double(x);
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+TEST_CASE("clip_grad_norm: the global L2 norm, grads scaled by max_norm / (norm + 1e-6) when above, untouched below") {
+  Stream s(Device::cpu());
+  auto params = with_grads(1, 10.f);
+  const double want = reference_norm(params);
+  std::vector<std::vector<float>> before;
+  for (size_t i = 0; i < 2; ++i) before.push_back(params[i]->grad.to_float_vector());
+  const double norm = clip_grad_norm(params, 1.0, s);
+  s.synchronize();
+  CHECK(std::fabs(norm - want) <= 1e-6 * want);
+  const float coef = float(1.0 / (norm + 1e-6));
+  size_t mismatches = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const std::vector<float> after = params[i]->grad.to_float_vector();
+    for (size_t k = 0; k < after.size(); ++k) mismatches += after[k] != coef * before[i][k];
+  }
+  CHECK(mismatches == 0);
+  CHECK(std::fabs(reference_norm(params) - 1.0) < 1e-5);
+
+  auto small = with_grads(2, 0.01f);
+  const std::string unchanged = serialize_state_dict({{{"w", small[0]->grad}, {"v", small[1]->grad}}, "{}"});
+  CHECK(clip_grad_norm(small, 100.0, s) < 100.0);
+  s.synchronize();
+  CHECK(serialize_state_dict({{{"w", small[0]->grad}, {"v", small[1]->grad}}, "{}"}) == unchanged);
+
+  auto bad = with_grads(3, 1.f);
+  bad[1]->grad.data<float>()[2] = std::nanf("");
+  const std::string kept = serialize_state_dict({{{"w", bad[0]->grad}}, "{}"});
+  CHECK(std::isnan(clip_grad_norm(bad, 1.0, s)));  // reported; nothing is scaled by a NaN
+  s.synchronize();
+  CHECK(serialize_state_dict({{{"w", bad[0]->grad}}, "{}"}) == kept);
+  CHECK(test::error_of([&] { clip_grad_norm(params, 0.0, s); }) == "[clip_grad_norm] max_norm must be finite and > 0, got 0");
+}
+
+TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the single-process norm, each element counted once") {
+  // Full grads: a row-sharded matrix, a replicated matrix, and a param without a layout.
+  const std::vector<Shape> shapes = {{8, 6}, {4, 4}, {5}};
+  std::vector<ParamPtr> full;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    full.push_back(make_param(std::to_string(i), Tensor::zeros(shapes[i], DType::f32, Device::cpu())));
+    full.back()->grad = test::random_tensor(shapes[i], DType::f32, 10 + uint32_t(i));
+  }
+  const double want = reference_norm(full);
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<double> norms(4, -1.0);
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 4; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 4);
+        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
+        const int64_t shard = mesh->coordinate()[1];
+        std::vector<ParamPtr> params;
+        ParamPtr w = make_param("w", Tensor::zeros({4, 6}, DType::f32, Device::cpu()));
+        w->grad = full[0]->grad.narrow(0, 4 * shard, 4).clone();
+        w->layout = DTensor(w->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Shard(0)});
+        ParamPtr r = make_param("r", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
+        r->grad = full[1]->grad.clone();
+        r->layout = DTensor(r->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
+        ParamPtr l = make_param("l", Tensor::zeros({5}, DType::f32, Device::cpu()));
+        l->grad = full[2]->grad.clone();
+        Stream s(Device::cpu());
+        norms[size_t(rank)] = clip_grad_norm({w, r, l}, 1e9, s, comm.get());
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[size_t(rank)] == "");
+    CHECK(std::fabs(norms[size_t(rank)] - want) <= 1e-6 * want);  // the all-reduce carries f32
+  }
+}
