@@ -17,10 +17,6 @@ std::vector<std::string> resolve_keys(const StateSwapAdapter& adapter, Optimizer
   config.validate();
   const std::vector<std::string> family = adapter.family_state_keys();
   if (!config.state_keys) return family;
-  for (size_t i = 0; i < config.state_keys->size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      SWAPOPT_CHECK((*config.state_keys)[i] != (*config.state_keys)[j],
-                    "[swap] state key '" << (*config.state_keys)[i] << "' is listed twice in state_keys");
   std::vector<std::string> foreign;
   for (const std::string& key : *config.state_keys)
     if (std::find(family.begin(), family.end(), key) == family.end()) foreign.push_back(key);

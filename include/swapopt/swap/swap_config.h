@@ -24,7 +24,8 @@ struct SwapConfig {
    *  input and workspaces) fit in this many device bytes. */
   std::optional<size_t> device_budget_bytes;
 
-  /** Throws "[swap] swap_times must be positive, got 0" etc. */
+  /** Throws "[swap] swap_times must be positive, got 0", "[swap] state key 'exp_avg' is listed
+   *  twice in state_keys", etc. */
   void validate() const;
 };
 
