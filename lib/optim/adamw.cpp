@@ -25,10 +25,15 @@ void AdamW::add_param_group(std::vector<ParamPtr> params, AdamWOptions options) 
   options_.push_back(options);
 }
 
-std::vector<std::string> AdamW::group_state_keys(size_t group) const {
-  if (options_.at(group).amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+namespace {
+/** The state keys a group with options `o` uses. */
+std::vector<std::string> keys_for(const AdamWOptions& o) {
+  if (o.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   return {"exp_avg", "exp_avg_sq"};
 }
+}  // namespace
+
+std::vector<std::string> AdamW::group_state_keys(size_t group) const { return keys_for(options_.at(group)); }
 
 void AdamW::update_param(size_t group, Param& param) {
   const AdamWOptions& o = options_.at(group);
@@ -98,8 +103,7 @@ Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::s
     o.amsgrad = v.at("amsgrad", w).as_bool("amsgrad");
     o.validate();
     parsed.push_back(o);
-    prepared.group_state_keys.push_back(o.amsgrad ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
-                                                  : std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+    prepared.group_state_keys.push_back(keys_for(o));
   }
   prepared.apply = [this, parsed] { options_ = parsed; };
   return prepared;

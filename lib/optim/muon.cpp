@@ -164,14 +164,15 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   }
 }
 
+int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size) {
+  const int64_t k = std::min(cs.rows, cs.cols);
+  return cs.count * (2 * cs.rows * cs.cols * element_size + 2 * k * k * element_size + 4);
+}
+
 int64_t Muon::workspace_bytes(size_t group, const std::vector<Param*>& params) const {
   const int64_t s = int64_t(dtype_size(ns_dtype(group)));
   int64_t total = 0;
-  for (const Param* p : params) {
-    const CoreShape cs = core_shape(p->data.shape());
-    const int64_t k = std::min(cs.rows, cs.cols);
-    total += cs.count * (2 * cs.rows * cs.cols * s + 2 * k * k * s + 4);
-  }
+  for (const Param* p : params) total += ns_workspace_bytes(core_shape(p->data.shape()), s);
   return total;
 }
 

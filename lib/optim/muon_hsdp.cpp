@@ -35,11 +35,10 @@ int64_t Muon::assignment_workspace_bytes(const HsdpAssignment& a) const {
   const int64_t ranks = a.shards ? a.shards->size() : 1;
   int64_t total = 0;
   for (Param* p : a.params) {
-    const CoreShape cs = core_shape(p->logical_shape());
-    const int64_t k = std::min(cs.rows, cs.cols), logical = shape_numel(p->logical_shape()), local = p->data.numel();
+    const int64_t logical = shape_numel(p->logical_shape()), local = p->data.numel();
     total += local * int64_t(p->data.element_size());  // its replicate broadcast buffer
     if (!a.owns(p)) continue;
-    total += cs.count * (2 * cs.rows * cs.cols * s + 2 * k * k * s + 4);  // NS of the full matrix
+    total += ns_workspace_bytes(core_shape(p->logical_shape()), s);  // NS of the full matrix
     if (a.sharded()) total += (ranks + 1) * local * s + logical * s + 512 * (ranks + 2);  // chunks, update, alignment
   }
   return total;

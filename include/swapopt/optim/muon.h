@@ -75,6 +75,10 @@ struct CoreShape {
 };
 CoreShape core_shape(const Shape& shape);
 
+/** Device bytes Newton-Schulz on the matrices of `cs` allocates with `element_size`-byte elements,
+ *  its stacked input included: 2 B m n + 2 B k^2 elements (k = min(m, n)) plus B f32 norms. */
+int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size);
+
 class Muon : public Optimizer {
  public:
   explicit Muon(Stream stream, MuonHooks hooks = {});
