@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -122,9 +121,11 @@ void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, const Opt
   for (const auto& slot : slots_) by_param[slot->param].push_back(slot.get());
   if (create) created_this_step_.clear();
   std::unordered_set<const SwapSlot*> pending;
+  std::vector<std::vector<std::string>> keys_by_group;  // what the bare step touches, per group
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) keys_by_group.push_back(optimizer.group_state_keys(g));
   for (UpdateUnit& unit : units) {
     unit.slots.clear();
-    const std::vector<std::string> keys = optimizer.group_state_keys(unit.group);  // what the bare step touches
+    const std::vector<std::string>& keys = keys_by_group.at(unit.group);
     for (Param* p : unit.params) {
       const auto it = by_param.find(p);
       if (it == by_param.end()) continue;
