@@ -10,6 +10,8 @@
 #include "cuda_check.h"
 #include "cuda_stream.h"
 
+#include <cudaTypedefs.h>
+
 namespace swapopt::cuda {
 
 bool built() { return true; }
@@ -35,8 +37,10 @@ void check_device(int index, const char* what) {
 
 cudaStream_t raw(Stream* stream) { return stream ? static_cast<cudaStream_t>(stream->native_handle()) : nullptr; }
 
-/** Stream-ordered device memory (cudaMallocAsync); a free without a stream goes on the legacy
- *  default stream, which orders after every blocking stream swapopt creates. */
+/** Stream-ordered device memory from the device's pool (cudaMallocAsync). swapopt's streams are
+ *  non-blocking, so memory taken or given back without a stream is synchronous instead: the
+ *  allocation completes before it returns (usable on every stream), and the free waits for the
+ *  device first (no stream may still be using it). Step paths always pass a stream. */
 class CudaDeviceAllocator final : public Allocator {
  public:
   explicit CudaDeviceAllocator(int index) : index_(index) {}
@@ -45,12 +49,18 @@ class CudaDeviceAllocator final : public Allocator {
     DeviceGuard guard(index_);
     void* ptr = nullptr;
     SWAPOPT_CUDA_CHECK(cudaMallocAsync(&ptr, nbytes, raw(stream)));
+    if (stream == nullptr) {
+      const cudaError_t status = cudaStreamSynchronize(nullptr);
+      if (status != cudaSuccess) (void)cudaFreeAsync(ptr, nullptr);
+      SWAPOPT_CUDA_CHECK(status);
+    }
     counter_.on_allocate(nbytes);
     return ptr;
   }
   void deallocate(void* ptr, size_t nbytes, Stream* stream) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
     DeviceGuard guard(index_, std::nothrow);
+    if (stream == nullptr) SWAPOPT_CUDA_WARN(cudaDeviceSynchronize());
     SWAPOPT_CUDA_WARN(cudaFreeAsync(ptr, raw(stream)));
     counter_.on_free(nbytes);
   }
@@ -138,27 +148,96 @@ int process_device(std::nothrow_t) noexcept {
   return current;
 }
 
-DeviceGuard::DeviceGuard(int index) : index_(index) {
-  SWAPOPT_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != index) SWAPOPT_CUDA_CHECK(cudaSetDevice(index));
+namespace {
+
+/** The driver's context calls, reached through the runtime (no link against libcuda), so a guard
+ *  can restore "no context" on a thread that had none: cudaSetDevice back to the previous device
+ *  would create a context there (device 0 on every thread that never chose one). */
+struct DriverContextApi {
+  PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+  PFN_cuCtxSetCurrent_v4000 set_current = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDevicePrimaryCtxRetain_v7000 primary_retain = nullptr;
+};
+
+template <typename Fn>
+cudaError_t driver_entry(const char* symbol, Fn& fn) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t status = cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &found);
+  if (status != cudaSuccess) return status;
+  if (found != cudaDriverEntryPointSuccess || ptr == nullptr) return cudaErrorSymbolNotFound;
+  fn = reinterpret_cast<Fn>(ptr);
+  return cudaSuccess;
 }
 
-DeviceGuard::DeviceGuard(int index, std::nothrow_t) : index_(index) {
-  if (cudaGetDevice(&previous_) != cudaSuccess) {
-    previous_ = index_ = -1;  // nothing to restore
-    return;
+const DriverContextApi& driver_context_api() {
+  static const DriverContextApi api = [] {
+    DriverContextApi a;
+    SWAPOPT_CUDA_CHECK(driver_entry("cuCtxGetCurrent", a.get_current));
+    SWAPOPT_CUDA_CHECK(driver_entry("cuCtxSetCurrent", a.set_current));
+    SWAPOPT_CUDA_CHECK(driver_entry("cuDeviceGet", a.device_get));
+    SWAPOPT_CUDA_CHECK(driver_entry("cuDevicePrimaryCtxRetain", a.primary_retain));
+    return a;
+  }();
+  return api;
+}
+
+#define SWAPOPT_CU_CHECK(call) \
+  SWAPOPT_CHECK((call) == CUDA_SUCCESS, "[cuda] " #call " failed at " << __FILE__ << ":" << __LINE__)
+
+/** Device `index`'s primary context (the runtime's own), retained once for the process. */
+CUcontext primary_context(int index) {
+  static std::mutex mutex;
+  static std::map<int, CUcontext> contexts;
+  std::lock_guard<std::mutex> lock(mutex);
+  CUcontext& ctx = contexts[index];
+  if (ctx == nullptr) {
+    const DriverContextApi& api = driver_context_api();
+    CUdevice device = 0;
+    SWAPOPT_CU_CHECK(api.device_get(&device, index));
+    SWAPOPT_CU_CHECK(api.primary_retain(&ctx, device));
   }
-  if (previous_ != index) SWAPOPT_CUDA_WARN(cudaSetDevice(index));
+  return ctx;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int index) {
+  const DriverContextApi& api = driver_context_api();
+  SWAPOPT_CU_CHECK(api.get_current(&previous_));
+  int current = -1;
+  if (previous_ != nullptr) SWAPOPT_CUDA_CHECK(cudaGetDevice(&current));  // the current context's device
+  if (current == index) return;
+  SWAPOPT_CU_CHECK(api.set_current(primary_context(index)));
+  changed_ = true;
+}
+
+DeviceGuard::DeviceGuard(int index, std::nothrow_t) noexcept {
+  try {
+    const DriverContextApi& api = driver_context_api();
+    if (api.get_current(&previous_) != CUDA_SUCCESS) return;
+    int current = -1;
+    if (previous_ != nullptr && cudaGetDevice(&current) != cudaSuccess) return;
+    if (current == index) return;
+    changed_ = api.set_current(primary_context(index)) == CUDA_SUCCESS;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "swapopt: making CUDA device %d current failed: %s\n", index, e.what());
+  }
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ != index_) SWAPOPT_CUDA_WARN(cudaSetDevice(previous_));
+  // Back to exactly the caller's context, or to none: never a context the caller did not have.
+  if (changed_ && driver_context_api().set_current(previous_) != CUDA_SUCCESS)
+    std::fprintf(stderr, "swapopt: restoring the caller's CUDA context failed\n");
 }
 
 CudaStream::CudaStream(int index) : index_(index) {
   check_device(index, "Stream");
   DeviceGuard guard(index);
-  SWAPOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault));
+  // Non-blocking: ordered with other streams (the trainer's, the legacy default stream) only
+  // through events, so a copy stream never waits for unrelated work there.
+  SWAPOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
   SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 }
@@ -166,12 +245,6 @@ CudaStream::CudaStream(int index) : index_(index) {
 CudaStream::CudaStream(int index, cudaStream_t borrowed) : index_(index), stream_(borrowed), owned_(false) {
   check_device(index, "Stream::borrow");
   DeviceGuard guard(index);
-  // swapopt's frees without a stream go on the legacy default stream, which orders after blocking
-  // streams only: a non-blocking one would let such a free overtake work still queued there.
-  unsigned flags = 0;
-  SWAPOPT_CUDA_CHECK(cudaStreamGetFlags(stream_, &flags));
-  SWAPOPT_CHECK(!(flags & cudaStreamNonBlocking), "[Stream::borrow] the stream was created with cudaStreamNonBlocking; "
-                                                  "swapopt needs a blocking stream (or the legacy default stream, 0)");
   SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
   SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 }

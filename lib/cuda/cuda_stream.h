@@ -2,6 +2,7 @@
 // CUDA streams and events (internal; includes CUDA headers).
 
 #include <cublas_v2.h>
+#include <cuda.h>
 
 #include <new>
 #include <cuda_runtime.h>
@@ -10,20 +11,21 @@
 
 namespace swapopt::cuda {
 
-/** Makes `index` the current device for the scope; restores the previous one only if it changed it
- *  (so no context is ever created on a device the caller did not use). */
+/** Makes device `index`'s primary context current for the scope and then restores exactly the
+ *  caller's context, or none if the thread had none: no context is ever created on a device the
+ *  caller did not use, and the runtime's selected device of the thread is never touched. */
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index);
   /** For destructor paths: reports a failure on stderr instead of throwing. */
-  DeviceGuard(int index, std::nothrow_t);
+  DeviceGuard(int index, std::nothrow_t) noexcept;
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
-  int index_ = -1;
+  CUcontext previous_ = nullptr;
+  bool changed_ = false;
 };
 
 /** The device pinned memory is allocated near: use_device()'s, else the calling thread's current. */
@@ -31,7 +33,7 @@ int process_device();
 /** The same for destructor paths: device 0 when the runtime cannot answer; never throws. */
 int process_device(std::nothrow_t) noexcept;
 
-/** A blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams),
+/** A non-blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams),
  *  created here or borrowed from the caller (then never destroyed here). */
 class CudaStream final : public StreamImpl {
  public:

@@ -38,7 +38,9 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     sum += weight * double(each[i]) * double(each[i]);
   }
   if (world != nullptr) {
-    const Tensor total = Tensor::from_floats({float(sum)}, {1}).to(stream.device());
+    const Tensor total = Tensor::empty({1}, DType::f32, stream.device(), &stream);
+    ops::copy(stream, Tensor::from_floats({float(sum)}, {1}), total);
+    stream.synchronize();  // the collective reads `total` now
     world->all_reduce(total)->wait();
     sum = double(total.to_float_vector()[0]);
   }

@@ -93,7 +93,7 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
       slot->created = true;
       adopted.push_back(slot.get());
     } else {
-      slot->device = Tensor::empty(shape, spec.dtype, optimizer.device());
+      slot->device = Tensor::empty(shape, spec.dtype, optimizer.device(), &compute_);  // stream-ordered: no sync
       slot->device.storage()->release();
     }
     slot->state = SlotState::host;

@@ -3,6 +3,14 @@
 
 #include "test_util.h"
 
+#if SWAPOPT_TEST_CUDA_RUNTIME
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <thread>
+#endif
+
 using namespace swapopt;
 using test::compare;
 
@@ -214,6 +222,59 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     cs.synchronize();
     CHECK(compare("borrowed stream gemm", c.to_float_vector(), want.to_float_vector()).max_abs < 1e-3);
   }
+
+#if SWAPOPT_TEST_CUDA_RUNTIME
+  TEST_CASE("a borrowed non-blocking cudaStream_t (as PyTorch makes them): a swapped step on it equals the bare one") {
+    cudaStream_t raw = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking) == cudaSuccess);
+    {
+      Stream trainer = Stream::borrow(raw, Device::cuda(0));
+      auto bare_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({80, 48}, DType::f32, 31).to(Device::cuda(0)))};
+      auto swap_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({80, 48}, DType::f32, 31).to(Device::cuda(0)))};
+      Muon bare(Stream(Device::cuda(0))), inner(trainer);
+      bare.add_param_group(bare_params);
+      inner.add_param_group(swap_params);
+      SwapConfig config;
+      config.min_numel = 1;
+      auto swapped = swap_muon(inner, config);
+      for (int step = 1; step <= 3; ++step) {
+        const Tensor g = test::random_tensor({80, 48}, DType::f32, 200 + uint32_t(step));
+        bare_params[0]->grad = g.to(Device::cuda(0));
+        swap_params[0]->grad = g.to(Device::cuda(0));
+        bare.step();
+        swapped->step();
+      }
+      bare.stream().synchronize();
+      trainer.synchronize();
+      CHECK(test::same_bits(bare_params[0]->data.to(Device::cpu()), swap_params[0]->data.to(Device::cpu())));
+    }
+    REQUIRE(cudaStreamDestroy(raw) == cudaSuccess);
+  }
+
+  TEST_CASE("a thread with no CUDA context keeps none after swapopt's ops, and its selected device is untouched") {
+    void* get_current = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get_current, 12000, cudaEnableDefault, &found) == cudaSuccess);
+    REQUIRE(found == cudaDriverEntryPointSuccess);
+    const auto ctx_get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get_current);
+    Stream s(Device::cuda(0));
+    const Tensor x = test::random_tensor({64, 64}, DType::f32, 41).to(Device::cuda(0));
+    CUcontext before = reinterpret_cast<CUcontext>(1), after = reinterpret_cast<CUcontext>(1);
+    std::thread fresh([&] {  // a new thread has no current context
+      (void)ctx_get_current(&before);
+      {
+        Tensor y = Tensor::empty({64, 64}, DType::f32, Device::cuda(0), &s);
+        ops::copy(s, x, y);
+        ops::scale(s, y, 0.5f);
+        s.synchronize();
+      }  // and the free
+      (void)ctx_get_current(&after);
+    });
+    fresh.join();
+    CHECK(before == nullptr);
+    CHECK(after == nullptr);
+  }
+#endif
 
   TEST_CASE("a device other than 0 (two GPUs visible): ops, swap and the caller's current device" *
             doctest::skip(cuda_device_count() < 2)) {

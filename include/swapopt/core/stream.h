@@ -1,8 +1,8 @@
 #pragma once
 /** Ordered work queues (streams) and completion marks (events), with CUDA's semantics on both backends.
  *
- * CUDA: a Stream is a cudaStream_t created blocking (so the legacy default stream, used only for
- * frees without a stream, still orders after it), or one borrowed from the trainer, and an Event a
+ * CUDA: a Stream is a cudaStream_t created non-blocking (ordered with other streams, the legacy
+ * default stream included, only through events), or one borrowed from the trainer, and an Event a
  * timing-free cudaEvent_t.
  * CPU: a Stream is a worker thread running its queue in order; an Event marks the point in a queue
  * where it was recorded; Stream::wait(e) holds the stream until that point completes. Code written
@@ -24,14 +24,15 @@ class Event;
 /** A queue of asynchronous work on one device. Copyable handle; the queue lives while a copy does. */
 class Stream {
  public:
-  /** Creates a new stream on `device` (CPU: starts a worker thread). */
+  /** Creates a new stream on `device` (CUDA: non-blocking; CPU: starts a worker thread). Work on
+   *  it is ordered with other streams only through wait(Event). */
   explicit Stream(Device device);
-  /** Wraps a stream the caller owns, without owning it: a cudaStream_t of CUDA `device` (blocking,
-   *  or 0 for the legacy default stream; a cudaStreamNonBlocking one is refused, see
-   *  docs/architecture.md), or (the CPU stand-in, for tests of the same contract) the
-   *  native_handle() of a CPU stream. swapopt's work on it is ordered with the caller's own work
-   *  there. The caller keeps it alive while any swapopt object uses it and destroys it itself.
-   *  Each wrapper owns a cuBLAS handle (its destruction synchronises the device): keep it. */
+  /** Wraps a stream the caller owns, without owning it: a cudaStream_t of CUDA `device` (any:
+   *  blocking, non-blocking, or 0 for the legacy default stream), or (the CPU stand-in, for tests
+   *  of the same contract) the native_handle() of a CPU stream. swapopt's work on it is ordered
+   *  with the caller's own work there. The caller keeps it alive while any swapopt object uses it
+   *  and destroys it itself. Each wrapper owns a cuBLAS handle (its destruction synchronises the
+   *  device): keep it. */
   static Stream borrow(void* native_handle, Device device);
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
