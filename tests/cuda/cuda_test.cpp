@@ -14,6 +14,34 @@
 using namespace swapopt;
 using test::compare;
 
+namespace {
+
+/** Three steps of a bare Muon on `bare_stream` and a swapped one on `swap_stream` (same device),
+ *  from the same weights and grads: whether the weights end bitwise equal. */
+bool swapped_muon_equals_bare(Stream bare_stream, Stream swap_stream, const Shape& shape, uint32_t seed) {
+  const Device dev = bare_stream.device();
+  auto bare_params = std::vector<ParamPtr>{make_param("w", test::random_tensor(shape, DType::f32, seed).to(dev))};
+  auto swap_params = std::vector<ParamPtr>{make_param("w", test::random_tensor(shape, DType::f32, seed).to(dev))};
+  Muon bare(bare_stream), inner(swap_stream);
+  bare.add_param_group(bare_params);
+  inner.add_param_group(swap_params);
+  SwapConfig config;
+  config.min_numel = 1;
+  auto swapped = swap_muon(inner, config);
+  for (uint32_t step = 1; step <= 3; ++step) {
+    const Tensor g = test::random_tensor(shape, DType::f32, seed * 100 + step);
+    bare_params[0]->grad = g.to(dev);
+    swap_params[0]->grad = g.to(dev);
+    bare.step();
+    swapped->step();
+  }
+  bare_stream.synchronize();
+  swap_stream.synchronize();
+  return test::same_bits(bare_params[0]->data.to(Device::cpu()), swap_params[0]->data.to(Device::cpu()));
+}
+
+}  // namespace
+
 TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
   TEST_CASE("H2D and D2H copies on a stream round-trip bitwise, pinned and pageable") {
     Stream s(Device::cuda(0));
@@ -229,24 +257,7 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     REQUIRE(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking) == cudaSuccess);
     {
       Stream trainer = Stream::borrow(raw, Device::cuda(0));
-      auto bare_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({80, 48}, DType::f32, 31).to(Device::cuda(0)))};
-      auto swap_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({80, 48}, DType::f32, 31).to(Device::cuda(0)))};
-      Muon bare(Stream(Device::cuda(0))), inner(trainer);
-      bare.add_param_group(bare_params);
-      inner.add_param_group(swap_params);
-      SwapConfig config;
-      config.min_numel = 1;
-      auto swapped = swap_muon(inner, config);
-      for (int step = 1; step <= 3; ++step) {
-        const Tensor g = test::random_tensor({80, 48}, DType::f32, 200 + uint32_t(step));
-        bare_params[0]->grad = g.to(Device::cuda(0));
-        swap_params[0]->grad = g.to(Device::cuda(0));
-        bare.step();
-        swapped->step();
-      }
-      bare.stream().synchronize();
-      trainer.synchronize();
-      CHECK(test::same_bits(bare_params[0]->data.to(Device::cpu()), swap_params[0]->data.to(Device::cpu())));
+      CHECK(swapped_muon_equals_bare(Stream(Device::cuda(0)), trainer, {80, 48}, 31));
     }
     REQUIRE(cudaStreamDestroy(raw) == cudaSuccess);
   }
@@ -279,25 +290,7 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
   TEST_CASE("a device other than 0 (two GPUs visible): ops, swap and the caller's current device" *
             doctest::skip(cuda_device_count() < 2)) {
     use_device(Device::cuda(1));
-    Stream s(Device::cuda(1));
-    auto bare_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({96, 64}, DType::f32, 22).to(Device::cuda(1)))};
-    auto swap_params = std::vector<ParamPtr>{make_param("w", test::random_tensor({96, 64}, DType::f32, 22).to(Device::cuda(1)))};
-    Muon bare(s), inner(Stream(Device::cuda(1)));
-    bare.add_param_group(bare_params);
-    inner.add_param_group(swap_params);
-    SwapConfig config;
-    config.min_numel = 1;
-    auto swapped = swap_muon(inner, config);
-    for (int step = 1; step <= 3; ++step) {
-      const Tensor g = test::random_tensor({96, 64}, DType::f32, 100 + uint32_t(step));
-      bare_params[0]->grad = g.to(Device::cuda(1));
-      swap_params[0]->grad = g.to(Device::cuda(1));
-      bare.step();
-      swapped->step();
-    }
-    bare.stream().synchronize();
-    inner.stream().synchronize();
-    CHECK(test::same_bits(bare_params[0]->data.to(Device::cpu()), swap_params[0]->data.to(Device::cpu())));
+    CHECK(swapped_muon_equals_bare(Stream(Device::cuda(1)), Stream(Device::cuda(1)), {96, 64}, 22));
     use_device(Device::cuda(0));
   }
 
