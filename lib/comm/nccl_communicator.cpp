@@ -82,6 +82,7 @@ class NcclWork final : public Work {
   }
 
   void wait() override {
+    cuda::DeviceGuard guard(device_);
     for (;;) {
       const cudaError_t status = cudaEventQuery(done_);
       if (status == cudaSuccess) return;

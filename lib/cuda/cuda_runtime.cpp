@@ -1,4 +1,5 @@
 // CUDA devices, allocators, streams and events.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -60,7 +61,12 @@ class CudaDeviceAllocator final : public Allocator {
   void deallocate(void* ptr, size_t nbytes, Stream* stream) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
     DeviceGuard guard(index_, std::nothrow);
-    if (stream == nullptr) SWAPOPT_CUDA_WARN(cudaDeviceSynchronize());
+    if (stream == nullptr) {
+      const cudaError_t synced = cudaDeviceSynchronize();
+      if (synced == cudaErrorCudartUnloading) return;  // at exit: the driver takes everything back
+      if (synced != cudaSuccess)
+        std::fprintf(stderr, "swapopt: cudaDeviceSynchronize() before a free failed: %s\n", cudaGetErrorString(synced));
+    }
     SWAPOPT_CUDA_WARN(cudaFreeAsync(ptr, raw(stream)));
     counter_.on_free(nbytes);
   }
@@ -186,30 +192,36 @@ const DriverContextApi& driver_context_api() {
 #define SWAPOPT_CU_CHECK(call) \
   SWAPOPT_CHECK((call) == CUDA_SUCCESS, "[cuda] " #call " failed at " << __FILE__ << ":" << __LINE__)
 
-/** Device `index`'s primary context (the runtime's own), retained once for the process. */
+/** Device `index`'s primary context (the runtime's own), retained once for the process. The
+ *  cache is read without a lock on every guarded call and never destroyed (frees at exit use it). */
 CUcontext primary_context(int index) {
-  static std::mutex mutex;
-  static std::map<int, CUcontext> contexts;
-  std::lock_guard<std::mutex> lock(mutex);
-  CUcontext& ctx = contexts[index];
+  static std::atomic<CUcontext>* const contexts = new std::atomic<CUcontext>[size_t(std::max(device_count(), 1))]();
+  static std::mutex* const mutex = new std::mutex();
+  check_device(index, "DeviceGuard");
+  CUcontext ctx = contexts[index].load(std::memory_order_acquire);
+  if (ctx != nullptr) return ctx;
+  std::lock_guard<std::mutex> lock(*mutex);
+  ctx = contexts[index].load(std::memory_order_relaxed);
   if (ctx == nullptr) {
     const DriverContextApi& api = driver_context_api();
     CUdevice device = 0;
     SWAPOPT_CU_CHECK(api.device_get(&device, index));
     SWAPOPT_CU_CHECK(api.primary_retain(&ctx, device));
+    contexts[index].store(ctx, std::memory_order_release);
   }
   return ctx;
 }
 
 }  // namespace
 
+// The comparison is with the primary context itself, not its device: a trainer's own context on
+// the same device (cuCtxCreate, green contexts) cannot run swapopt's streams and handles.
 DeviceGuard::DeviceGuard(int index) {
   const DriverContextApi& api = driver_context_api();
   SWAPOPT_CU_CHECK(api.get_current(&previous_));
-  int current = -1;
-  if (previous_ != nullptr) SWAPOPT_CUDA_CHECK(cudaGetDevice(&current));  // the current context's device
-  if (current == index) return;
-  SWAPOPT_CU_CHECK(api.set_current(primary_context(index)));
+  const CUcontext target = primary_context(index);
+  if (previous_ == target) return;
+  SWAPOPT_CU_CHECK(api.set_current(target));
   changed_ = true;
 }
 
@@ -217,10 +229,9 @@ DeviceGuard::DeviceGuard(int index, std::nothrow_t) noexcept {
   try {
     const DriverContextApi& api = driver_context_api();
     if (api.get_current(&previous_) != CUDA_SUCCESS) return;
-    int current = -1;
-    if (previous_ != nullptr && cudaGetDevice(&current) != cudaSuccess) return;
-    if (current == index) return;
-    changed_ = api.set_current(primary_context(index)) == CUDA_SUCCESS;
+    const CUcontext target = primary_context(index);
+    if (previous_ == target) return;
+    changed_ = api.set_current(target) == CUDA_SUCCESS;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swapopt: making CUDA device %d current failed: %s\n", index, e.what());
   }
@@ -256,10 +267,14 @@ CudaStream::~CudaStream() {
 }
 
 void CudaStream::wait(EventImpl& event) {
+  DeviceGuard guard(index_);  // every call: on a thread without a context the runtime binds device 0's
   SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.native_handle()), 0));
 }
 
-void CudaStream::synchronize() { SWAPOPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaStream::synchronize() {
+  DeviceGuard guard(index_);
+  SWAPOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 void CudaStream::enqueue(std::function<void()>) {
   SWAPOPT_FAIL("[Stream::enqueue] host functions run only on CPU streams");
@@ -272,6 +287,7 @@ CudaEvent::CudaEvent(int index, bool enable_timing) : index_(index) {
 }
 
 double CudaEvent::elapsed_ms_since(const EventImpl& start) const {
+  DeviceGuard guard(index_);
   float ms = 0.f;
   SWAPOPT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.native_handle()), event_));
   return double(ms);
@@ -283,17 +299,22 @@ CudaEvent::~CudaEvent() {
 }
 
 void CudaEvent::record(StreamImpl& stream) {
+  DeviceGuard guard(index_);
   SWAPOPT_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
 }
 
 bool CudaEvent::query() const {
+  DeviceGuard guard(index_);
   const cudaError_t status = cudaEventQuery(event_);
   if (status == cudaErrorNotReady) return false;
   SWAPOPT_CUDA_CHECK(status);
   return true;
 }
 
-void CudaEvent::synchronize() const { SWAPOPT_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void CudaEvent::synchronize() const {
+  DeviceGuard guard(index_);
+  SWAPOPT_CUDA_CHECK(cudaEventSynchronize(event_));
+}
 
 std::shared_ptr<StreamImpl> make_stream(int index) { return std::make_shared<CudaStream>(index); }
 
