@@ -63,9 +63,7 @@ void AdamW::validate_options() const {
   for (const AdamWOptions& o : options_) o.validate();
 }
 
-void AdamW::step() {
-  check_unwrapped("step()");
-  check_step();
+void AdamW::run_step() {
   for (ParamGroup& g : groups_) g.step += 1;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (const ParamPtr& p : groups_[g].params)

@@ -238,9 +238,7 @@ void Muon::check_step() {
     if (a.sharded()) check_shard_group_grads(a);
 }
 
-void Muon::step() {
-  check_unwrapped("step()");
-  check_step();
+void Muon::run_step() {
   std::vector<std::vector<Param*>> local(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g)
     for (Param* p : local_params(g))

@@ -1,6 +1,7 @@
 #include "swapopt/optim/optimizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "json.h"
@@ -9,7 +10,45 @@
 
 namespace swapopt {
 
-Optimizer::Optimizer(std::string name, Stream stream) : name_(std::move(name)), stream_(std::move(stream)) {}
+Optimizer::Optimizer(std::string name, Stream stream)
+    : name_(std::move(name)),
+      stream_(std::move(stream)),
+      grads_read_(stream_.device()),
+      params_updated_(stream_.device()),
+      retired_mark_(stream_.device()) {}
+
+Optimizer::~Optimizer() {
+  if (retired_grads_.empty()) return;
+  try {
+    retired_mark_.synchronize();
+  } catch (const std::exception& e) {  // a failed stream: its work is not running any more either
+    std::fprintf(stderr, "swapopt: waiting for the optimizer's stream failed: %s\n", e.what());
+  }
+}
+
+void Optimizer::release_retired_grads() {
+  if (!retired_grads_.empty() && retired_mark_.query()) retired_grads_.clear();
+}
+
+void Optimizer::synchronize() {
+  stream_.synchronize();
+  retired_grads_.clear();
+}
+
+void Optimizer::step() {
+  release_retired_grads();
+  check_unwrapped("step()");
+  check_step();
+  run_step();
+  record_step_events();
+}
+
+void Optimizer::record_step_events() {
+  // Every grad read and param write of a step is on stream_ (HSDP's collectives are waited for on
+  // the host and their results copied on stream_), so its end is both points.
+  grads_read_.record(stream_);
+  params_updated_.record(stream_);
+}
 
 void Optimizer::add_group(std::vector<ParamPtr> params) {
   std::set<const Param*> seen;
@@ -37,8 +76,16 @@ void Optimizer::check_grad(const Param& p, bool same_dtype) const {
 }
 
 void Optimizer::zero_grad() {
+  release_retired_grads();
+  bool dropped = false;
   for (ParamGroup& g : groups_)
-    for (ParamPtr& p : g.params) p->grad = Tensor();
+    for (ParamPtr& p : g.params)
+      if (p->grad.defined()) {
+        retired_grads_.push_back(std::move(p->grad));
+        p->grad = Tensor();
+        dropped = true;
+      }
+  if (dropped) retired_mark_.record(stream_);  // a later mark covers the earlier retired grads too
 }
 
 void Optimizer::check_unwrapped(const std::string& call) const {

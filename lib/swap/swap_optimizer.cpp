@@ -52,15 +52,31 @@ SwapOptimizer::~SwapOptimizer() {
 }
 
 void SwapOptimizer::step() {
-  // Everything that can reject the step runs before anything changes: the optimizer's checks,
-  // the plan and the budget. State a unit creates is made when run() starts.
+  PlannedStep plan = plan_step();
+  run_step(plan);
+}
+
+// Everything that can reject the step runs before anything changes: the optimizer's checks, the
+// plan and the budget. State a unit creates is made when run() starts.
+SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
   optimizer().check_step();
-  std::vector<UpdateUnit> units = adapter_->plan_units(false);
-  runtime_.attach_slots(units, optimizer());
-  const std::vector<size_t> batch_sizes = runtime_.plan_batches(units, adapter_->partition_costs(units));
+  PlannedStep plan;
+  plan.units = adapter_->plan_units(false);
+  runtime_.attach_slots(plan.units, optimizer());
+  plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
+  return plan;
+}
+
+void SwapOptimizer::run_step(PlannedStep& plan) {
   adapter_->begin_step();
-  runtime_.run(units, batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
+  runtime_.run(plan.units, plan.batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
   adapter_->finish_step();
+  optimizer().record_step_events();
+}
+
+void SwapOptimizer::synchronize() {
+  runtime_.copy_stream().synchronize();
+  optimizer().synchronize();
 }
 
 void SwapOptimizer::prefetch_early() {
@@ -71,8 +87,7 @@ void SwapOptimizer::prefetch_early() {
 
 StateDict SwapOptimizer::state_dict() {
   Optimizer& opt = optimizer();
-  runtime_.copy_stream().synchronize();
-  opt.stream().synchronize();
+  synchronize();
   StateDict out;
   out.metadata = opt.metadata_json();
   for (const auto& [param, ps] : opt.state())
@@ -84,9 +99,13 @@ StateDict SwapOptimizer::state_dict() {
   return out;
 }
 
-void SwapOptimizer::load_state_dict(const StateDict& state) {
-  Optimizer& opt = optimizer();
-  std::function<void()> apply = opt.prepare_load(state, [&](const Param& param, const std::string& key, const Tensor& host) {
+void SwapOptimizer::load_state_dict(const StateDict& state) { prepare_load(state)(); }
+
+std::function<void()> SwapOptimizer::prepare_load(const StateDict& state) {
+  // The write runs later, inside the returned change: it captures nothing of this frame.
+  std::function<void()> apply = optimizer().prepare_load(state, [this](const Param& param, const std::string& key,
+                                                                       const Tensor& host) {
+    Optimizer& opt = optimizer();
     SwapSlot* slot = runtime_.find_slot(&param, key);
     if (slot != nullptr) {  // into the mirror; the next step brings it over
       std::memcpy(slot->host.data_ptr(), host.data_ptr(), host.nbytes());
@@ -98,12 +117,13 @@ void SwapOptimizer::load_state_dict(const StateDict& state) {
       opt.state()[&param].tensors[key] = device_copy;
     }
   });
-  runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
-  runtime_.copy_stream().synchronize();
-  opt.stream().synchronize();
-  for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone
-  apply();
-  opt.stream().synchronize();
+  return [this, apply = std::move(apply)] {
+    runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
+    synchronize();
+    for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone
+    apply();
+    optimizer().stream().synchronize();
+  };
 }
 
 std::unique_ptr<SwapOptimizer> swap_muon(Muon& muon, SwapConfig config) {

@@ -33,7 +33,6 @@ class AdamW : public Optimizer {
   DType state_dtype(const std::string&, const Param&) const override { return DType::f32; }
   /** Keys `group` uses: without amsgrad, no max_exp_avg_sq. */
   std::vector<std::string> group_state_keys(size_t group) const override;
-  void step() override;
   void validate_options() const override;
 
   /** One parameter's update (state created as zeros if missing; its step += 1). The swap adapter
@@ -41,6 +40,7 @@ class AdamW : public Optimizer {
   void update_param(size_t group, Param& param);
 
  protected:
+  void run_step() override;
   std::string group_options_json(size_t group) const override;
   PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
   bool counts_param_steps() const override { return true; }

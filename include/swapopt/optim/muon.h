@@ -91,12 +91,6 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** Every group's step += 1; then for each group, every local (no-comm) param with a grad by
-   *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
-   *  the group's updated params. With HSDP, then every assignment of hsdp_schedule(): its owned
-   *  params with grads (update_assignment, finish_assignment); all broadcasts are waited for before
-   *  step() returns. */
-  void step() override;
   /** Also: no shard without HSDP; under HSDP (collective) every rank of each shard group steps
    *  the same params, compared before anything changes. */
   void check_step() override;
@@ -164,6 +158,13 @@ class Muon : public Optimizer {
   int64_t assignment_workspace_bytes(const HsdpAssignment& assignment) const;
 
  protected:
+  /** Every group's step += 1; then for each group, every local (no-comm) param with a grad by
+   *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
+   *  the group's updated params. With HSDP, then every assignment of hsdp_schedule(): its owned
+   *  params with grads (update_assignment, finish_assignment); all broadcasts are waited for before
+   *  step() returns. */
+  void run_step() override;
+
   std::string group_options_json(size_t group) const override;
   PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
 

@@ -29,7 +29,8 @@ class Optimizer {
  public:
   /** `stream` runs every update; its device is where params, grads and state live. */
   Optimizer(std::string name, Stream stream);
-  virtual ~Optimizer() = default;
+  /** Waits for the grads zero_grad() dropped, if stream() may still read them. */
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -49,12 +50,26 @@ class Optimizer {
   /** The state keys group `group` uses with its current options (AdamW without amsgrad: no
    *  max_exp_avg_sq); a checkpoint may hold no other key for its params. */
   virtual std::vector<std::string> group_state_keys(size_t /*group*/) const { return state_keys(); }
-  /** One update of every parameter that has a gradient; asynchronous on stream(). Calls
-   *  check_step() first. */
-  virtual void step() = 0;
+  /** One update of every parameter that has a gradient. Checks first (check_step(); a wrapped
+   *  optimizer refuses), then enqueues the update on stream() and returns: the step is
+   *  asynchronous (HSDP steps also wait on the host for their collectives). Work the trainer puts
+   *  on stream() afterwards runs after the step; work on another stream orders itself with
+   *  grads_read() and params_updated(), or the host waits with synchronize(). The grads must be
+   *  ready on stream() when step() is called: produced there, or stream().wait(event) first. */
+  void step();
+  /** Completes when the last step() has read every grad: the grad buffers may then be written
+   *  again (the next backward) or freed. Recorded on stream() by each step. */
+  const Event& grads_read() const { return grads_read_; }
+  /** Completes when the last step() has written every param: the next forward may read them. */
+  const Event& params_updated() const { return params_updated_; }
+  /** Blocks the host until everything enqueued on stream() (the last step included) is done. */
+  void synchronize();
+  /** Records grads_read() and params_updated() at the current end of stream(): step() calls it at
+   *  its end, and so does the swap wrapper after a swapped step. */
+  void record_step_events();
   /** Drops every param's grad (torch's zero_grad(set_to_none=True)): the next step skips a param
-   *  whose grad was not set again. The grad buffers' memory is freed in order after the work
-   *  already queued on this optimizer's stream that reads them. */
+   *  whose grad was not set again. The dropped grads are kept alive until the work already queued
+   *  on stream() (which may read them) has passed, so their memory is never freed under a step. */
   void zero_grad();
   /** Checks everything step() relies on, changing nothing: every group's options (those changed
    *  through mutable_options since included) and the grad of every param the step updates (shape,
@@ -96,6 +111,8 @@ class Optimizer {
                                      std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor);
 
  protected:
+  /** The update itself, after step()'s checks passed. */
+  virtual void run_step() = 0;
   /** The options of group `group` as a JSON object. */
   virtual std::string group_options_json(size_t group) const = 0;
   /** What prepare_group_options found: the change that applies the options once the whole
@@ -123,6 +140,13 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::map<const Param*, ParamState> state_;
   bool wrapped_ = false;
+  Event grads_read_;
+  Event params_updated_;
+  /** Grads zero_grad() dropped, held until stream() passes `retired_mark_`. */
+  std::vector<Tensor> retired_grads_;
+  Event retired_mark_;
+  /** Drops the retired grads once stream() has passed their mark. */
+  void release_retired_grads();
 };
 
 }  // namespace swapopt

@@ -31,8 +31,20 @@ class MuonWithAdamW {
   /** AdamW's no-decay group gets weight_decay 0 whatever `adamw_options` says. */
   MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params, MuonOptions muon_options = {},
                 AdamWOptions adamw_options = {}, const RoutingRules& rules = {}, MuonHooks hooks = {});
-  /** Muon's step, then AdamW's, on the same stream. */
+  /** Muon's step, then AdamW's, on the same stream (both checked before either changes anything);
+   *  the contract of Optimizer::step. */
   void step();
+  /** Both halves share one stream, so AdamW's events (recorded last) cover the whole step. */
+  const Event& grads_read() const { return adamw_->grads_read(); }
+  const Event& params_updated() const { return adamw_->params_updated(); }
+  void synchronize() {
+    muon_->synchronize();
+    adamw_->synchronize();
+  }
+  void zero_grad() {
+    muon_->zero_grad();
+    adamw_->zero_grad();
+  }
   Muon& muon() { return *muon_; }
   AdamW& adamw() { return *adamw_; }
 

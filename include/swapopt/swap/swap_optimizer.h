@@ -24,9 +24,16 @@ class SwapOptimizer {
   SwapOptimizer(const SwapOptimizer&) = delete;
   SwapOptimizer& operator=(const SwapOptimizer&) = delete;
 
-  /** One optimizer step through the swap pipeline (asynchronous on the optimizer's stream, as the
-   *  bare step is). */
+  /** One optimizer step through the swap pipeline, with the bare step's contract (see
+   *  Optimizer::step): checks first, then asynchronous; the math runs on the optimizer's stream
+   *  and the state's copies on the runtime's copy stream, ordered by events. */
   void step();
+  /** Completes when the last step() has read every grad (the buffers may be reused). */
+  const Event& grads_read() { return optimizer().grads_read(); }
+  /** Completes when the last step() has written every param. */
+  const Event& params_updated() { return optimizer().params_updated(); }
+  /** Blocks the host until the last step is done, its state copies to the host mirrors included. */
+  void synchronize();
   /** The optimizer's zero_grad(). */
   void zero_grad() { optimizer().zero_grad(); }
   /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
@@ -48,6 +55,20 @@ class SwapOptimizer {
   PipelineSwapRuntime& runtime() { return runtime_; }
   /** The state keys being swapped. */
   const std::vector<std::string>& state_keys() const { return keys_; }
+
+  /** A step checked and planned, not yet run (what step() does in two parts, so that a set of
+   *  optimizers changes nothing until every member is known to be able to step). */
+  struct PlannedStep {
+    std::vector<UpdateUnit> units;
+    std::vector<size_t> batch_sizes;
+  };
+  /** The optimizer's check_step(), the units, their slots and the batches (budget checked);
+   *  changes nothing. */
+  PlannedStep plan_step();
+  /** Runs a step plan_step() just made. */
+  void run_step(PlannedStep& plan);
+  /** Checks `state` and returns the change that loads it (nothing changes before it runs). */
+  std::function<void()> prepare_load(const StateDict& state);
 
  private:
   std::unique_ptr<StateSwapAdapter> adapter_;
