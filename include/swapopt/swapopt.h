@@ -32,5 +32,6 @@
 #include "swapopt/swap/state_swap_adapter.h"
 #include "swapopt/swap/swap_config.h"
 #include "swapopt/swap/swap_optimizer.h"
+#include "swapopt/swap/swap_optimizer_set.h"
 #include "swapopt/swap/swap_slot.h"
 #include "swapopt/version.h"

@@ -1,0 +1,52 @@
+#pragma once
+/** Several swapped optimizers stepped, checked and saved as one: Muon and AdamW of a
+ *  MuonWithAdamW, or any list of SwapOptimizers on one stream. */
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "swapopt/optim/routing.h"
+#include "swapopt/swap/swap_optimizer.h"
+
+namespace swapopt {
+
+class SwapOptimizerSet {
+ public:
+  using Member = std::pair<std::string, std::unique_ptr<SwapOptimizer>>;
+  /** `members`: a unique name each (letters, digits, '_' and '-'; the checkpoint's tensor prefix)
+   *  and its wrapper; all on one stream. Throws "[swap] ..." naming what is wrong. */
+  explicit SwapOptimizerSet(std::vector<Member> members);
+
+  /** One step of every member, with Optimizer::step's contract: every member is checked and
+   *  planned (budget included) before any of them changes anything. */
+  void step();
+  void zero_grad();
+  /** Every member's prefetch_early(). */
+  void prefetch_early();
+  /** Completes when the last step() has read every grad (members share the stream: the last
+   *  member's event covers them all). */
+  const Event& grads_read() { return members_.back().second->grads_read(); }
+  const Event& params_updated() { return members_.back().second->params_updated(); }
+  /** Blocks the host until every member's last step is done, its state copies included. */
+  void synchronize();
+
+  /** One state dict: each member's tensors under "<name>/" ("muon/state.0.momentum_buffer") and
+   *  metadata {"optimizer": "Muon+AdamW", "members": [{"name", "metadata"}]}. */
+  StateDict state_dict();
+  /** Checks the whole checkpoint against every member before any changes; a checkpoint of other
+   *  members, or of one optimizer, is a named error. */
+  void load_state_dict(const StateDict& state);
+
+  SwapOptimizer& member(const std::string& name);
+  const std::vector<Member>& members() const { return members_; }
+
+ private:
+  std::vector<Member> members_;
+};
+
+/** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw". */
+std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config = {});
+
+}  // namespace swapopt

@@ -1,0 +1,118 @@
+#include "swapopt/swap/swap_optimizer_set.h"
+
+#include <cctype>
+#include <set>
+
+#include "../optim/json.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+namespace {
+
+bool valid_member_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  return true;
+}
+
+}  // namespace
+
+SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::move(members)) {
+  SWAPOPT_CHECK(!members_.empty(), "[swap] a SwapOptimizerSet needs at least one member");
+  std::set<std::string> names;
+  for (const Member& m : members_) {
+    SWAPOPT_CHECK(valid_member_name(m.first),
+                  "[swap] member name '" << m.first << "' must be letters, digits, '_' or '-' (it prefixes checkpoint names)");
+    SWAPOPT_CHECK(names.insert(m.first).second, "[swap] member name '" << m.first << "' is used twice");
+    SWAPOPT_CHECK(m.second != nullptr, "[swap] member '" << m.first << "' is null");
+    SWAPOPT_CHECK(m.second->optimizer().stream() == members_.front().second->optimizer().stream(),
+                  "[swap] member '" << m.first << "' runs on another stream than '" << members_.front().first
+                                    << "': the members of a set share one stream");
+  }
+}
+
+void SwapOptimizerSet::step() {
+  std::vector<SwapOptimizer::PlannedStep> plans;
+  plans.reserve(members_.size());
+  for (Member& m : members_) plans.push_back(m.second->plan_step());
+  for (size_t i = 0; i < members_.size(); ++i) members_[i].second->run_step(plans[i]);
+}
+
+void SwapOptimizerSet::zero_grad() {
+  for (Member& m : members_) m.second->zero_grad();
+}
+
+void SwapOptimizerSet::prefetch_early() {
+  for (Member& m : members_) m.second->prefetch_early();
+}
+
+void SwapOptimizerSet::synchronize() {
+  for (Member& m : members_) m.second->synchronize();
+}
+
+StateDict SwapOptimizerSet::state_dict() {
+  StateDict out;
+  std::string optimizers;
+  std::vector<json::Value> listed;
+  for (Member& m : members_) {
+    StateDict part = m.second->state_dict();
+    for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
+    listed.push_back(json::Value::object({{"name", json::Value::string(m.first)}, {"metadata", json::Value::string(part.metadata)}}));
+    optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
+  }
+  out.metadata = json::Value::object({{"optimizer", json::Value::string(optimizers)}, {"members", json::Value::array(listed)}}).dump();
+  return out;
+}
+
+void SwapOptimizerSet::load_state_dict(const StateDict& state) {
+  const json::Value meta = json::parse(state.metadata);
+  SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
+                                              << meta.at("optimizer", "metadata").as_string("optimizer")
+                                              << " optimizer, not of a set of optimizers (" << members_.size()
+                                              << " members)");
+  const auto& listed = meta.at("members", "metadata").as_array("members");
+  std::string have, want;
+  for (const json::Value& v : listed) have += (have.empty() ? "" : ", ") + v.at("name", "members[]").as_string("name");
+  for (const Member& m : members_) want += (want.empty() ? "" : ", ") + m.first;
+  SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
+
+  std::vector<StateDict> parts(members_.size());
+  for (size_t i = 0; i < members_.size(); ++i) parts[i].metadata = listed[i].at("metadata", "members[]").as_string("metadata");
+  for (const auto& [name, tensor] : state.tensors) {
+    const size_t slash = name.find('/');
+    bool placed = false;
+    for (size_t i = 0; i < members_.size() && slash != std::string::npos; ++i)
+      if (name.compare(0, slash, members_[i].first) == 0 && slash == members_[i].first.size()) {
+        parts[i].tensors.emplace(name.substr(slash + 1), tensor);
+        placed = true;
+      }
+    SWAPOPT_CHECK(placed, "[checkpoint] tensor '" << name << "' belongs to no member of the set (" << want << ")");
+  }
+  // Every member checks its part before any of them changes.
+  std::vector<std::function<void()>> applies;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    try {
+      applies.push_back(members_[i].second->prepare_load(parts[i]));
+    } catch (const Error& e) {
+      SWAPOPT_FAIL("[checkpoint] member '" << members_[i].first << "': " << e.what());
+    }
+  }
+  for (auto& apply : applies) apply();
+}
+
+SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {
+  for (Member& m : members_)
+    if (m.first == name) return *m.second;
+  SWAPOPT_FAIL("[swap] no member '" << name << "' in the set");
+}
+
+std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config) {
+  std::vector<SwapOptimizerSet::Member> members;
+  members.emplace_back("muon", swap_muon(opt.muon(), config));
+  members.emplace_back("adamw", swap_adamw(opt.adamw(), config));
+  return std::make_unique<SwapOptimizerSet>(std::move(members));
+}
+
+}  // namespace swapopt

@@ -1,0 +1,186 @@
+// SwapOptimizerSet: Muon and AdamW swapped as one optimizer: one step (all members checked and
+// planned before any changes), one state dict and checkpoint file, resume bitwise.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "test_util.h"
+
+using namespace swapopt;
+using test::error_of;
+
+namespace {
+
+/** Muon gets the matrices, AdamW the embedding and the vectors. */
+std::vector<ParamPtr> model() {
+  return {make_param("embed.weight", test::random_tensor({40, 16}, DType::f32, 1)),
+          make_param("blocks.0.attn.weight", test::random_tensor({48, 32}, DType::f32, 2)),
+          make_param("blocks.0.attn.bias", test::random_tensor({48}, DType::f32, 3)),
+          make_param("blocks.0.mlp.weight", test::random_tensor({32, 48}, DType::f32, 4)),
+          make_param("final_norm.weight", test::random_tensor({32}, DType::f32, 5))};
+}
+
+void set_grads(const std::vector<ParamPtr>& params, uint32_t step) {
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, 1000 * step + uint32_t(i));
+}
+
+SwapConfig small_config() {
+  SwapConfig c;
+  c.min_numel = 1;
+  c.swap_times = 2;
+  return c;
+}
+
+/** Every byte a step or a load may change: params, then the whole state dict. */
+std::string snapshot(SwapOptimizerSet& set, const std::vector<ParamPtr>& params) {
+  set.synchronize();
+  std::string out;
+  for (const ParamPtr& p : params) out += std::string(static_cast<const char*>(p->data.data_ptr()), p->data.nbytes());
+  return out + serialize_state_dict(set.state_dict());
+}
+
+struct Trained {
+  std::vector<ParamPtr> params = model();
+  MuonWithAdamW opt{Stream(Device::cpu()), params};
+  std::unique_ptr<SwapOptimizerSet> set = swap_muon_with_adamw(opt, small_config());
+};
+
+}  // namespace
+
+TEST_SUITE("swap") {
+  TEST_CASE("SwapOptimizerSet over MuonWithAdamW: one step equals the bare MuonWithAdamW bitwise, one checkpoint resumes bitwise") {
+    auto bare_params = model();
+    MuonWithAdamW bare(Stream(Device::cpu()), bare_params);
+    Trained swapped;
+    const std::string path = (std::filesystem::temp_directory_path() / "swapopt_set_test.safetensors").string();
+    for (uint32_t step = 1; step <= 4; ++step) {
+      set_grads(bare_params, step);
+      set_grads(swapped.params, step);
+      bare.step();
+      swapped.set->step();
+      if (step == 2) save_state_dict(swapped.set->state_dict(), path);
+    }
+    bare.synchronize();
+    swapped.set->synchronize();
+    for (size_t i = 0; i < bare_params.size(); ++i) CHECK(test::same_bits(bare_params[i]->data, swapped.params[i]->data));
+
+    // Resume from step 2's file into a fresh set (params as they were at step 2), two more steps.
+    // Resume from step 2's file into a fresh set whose params are step 2's (from a bare replay).
+    auto replay_params = model();
+    MuonWithAdamW replay(Stream(Device::cpu()), replay_params);
+    for (uint32_t step = 1; step <= 2; ++step) {
+      set_grads(replay_params, step);
+      replay.step();
+    }
+    replay.synchronize();
+    Trained resumed;
+    for (size_t i = 0; i < replay_params.size(); ++i)
+      std::memcpy(resumed.params[i]->data.data_ptr(), replay_params[i]->data.data_ptr(), replay_params[i]->data.nbytes());
+    resumed.set->load_state_dict(load_state_dict(path));
+    for (uint32_t step = 3; step <= 4; ++step) {
+      set_grads(resumed.params, step);
+      resumed.set->step();
+    }
+    resumed.set->synchronize();
+    for (size_t i = 0; i < bare_params.size(); ++i) CHECK(test::same_bits(bare_params[i]->data, resumed.params[i]->data));
+    CHECK(serialize_state_dict(resumed.set->state_dict()) == serialize_state_dict(swapped.set->state_dict()));
+    std::remove(path.c_str());
+  }
+
+  TEST_CASE("SwapOptimizerSet: the state dict names each member's tensors, and its metadata lists the members") {
+    Trained t;
+    set_grads(t.params, 1);
+    t.set->step();
+    const StateDict sd = t.set->state_dict();
+    CHECK(sd.tensors.count("muon/state.0.momentum_buffer") == 1);  // blocks.0.attn.weight, Muon's first param
+    CHECK(sd.tensors.count("adamw/state.0.exp_avg") == 1);
+    for (const auto& [name, tensor] : sd.tensors) CHECK((name.rfind("muon/", 0) == 0 || name.rfind("adamw/", 0) == 0));
+    CHECK(sd.metadata.find("\"optimizer\":\"Muon+AdamW\"") != std::string::npos);
+  }
+
+  TEST_CASE("SwapOptimizerSet: a bad grad or a budget error in one member changes no member") {
+    {
+      Trained t;
+      set_grads(t.params, 1);
+      t.set->step();
+      set_grads(t.params, 2);
+      t.params[4]->grad = Tensor::zeros({31}, DType::f32, Device::cpu());  // AdamW's
+      const std::string before = snapshot(*t.set, t.params);
+      CHECK(error_of([&] { t.set->step(); }) ==
+            "[AdamW] grad of 'final_norm.weight' is Tensor(f32, [31], cpu), the param Tensor(f32, [32], cpu)");
+      CHECK(snapshot(*t.set, t.params) == before);
+    }
+    {
+      auto params = model();
+      MuonWithAdamW opt(Stream(Device::cpu()), params);
+      SwapConfig tiny = small_config();
+      tiny.device_budget_bytes = 100;
+      std::vector<SwapOptimizerSet::Member> members;
+      members.emplace_back("muon", swap_muon(opt.muon(), small_config()));
+      members.emplace_back("adamw", swap_adamw(opt.adamw(), tiny));
+      SwapOptimizerSet set(std::move(members));
+      set_grads(params, 1);
+      const std::string before = snapshot(set, params);
+      CHECK(error_of([&] { set.step(); }).rfind("[swap] device_budget_bytes 100 is below an update unit", 0) == 0);
+      CHECK(snapshot(set, params) == before);
+    }
+  }
+
+  TEST_CASE("SwapOptimizerSet: checkpoints of other optimizers or members are named errors that change nothing") {
+    Trained t;
+    set_grads(t.params, 1);
+    t.set->step();
+    const StateDict good = t.set->state_dict();
+    set_grads(t.params, 2);
+    t.set->step();  // now unlike `good`: a partial load would show
+    const std::string before = snapshot(*t.set, t.params);
+
+    auto bare_params = model();
+    MuonWithAdamW bare(Stream(Device::cpu()), bare_params);
+    set_grads(bare_params, 1);
+    bare.step();
+    CHECK(error_of([&] { t.set->load_state_dict(bare.muon().state_dict()); }) ==
+          "[checkpoint] holds the state of one Muon optimizer, not of a set of optimizers (2 members)");
+    CHECK(error_of([&] { bare.muon().load_state_dict(good); }) == "[checkpoint] holds Muon+AdamW state, this optimizer is Muon");
+
+    std::vector<SwapOptimizerSet::Member> only_muon;
+    auto other_params = model();
+    MuonWithAdamW other(Stream(Device::cpu()), other_params);
+    only_muon.emplace_back("matrices", swap_muon(other.muon(), small_config()));
+    SwapOptimizerSet renamed(std::move(only_muon));
+    CHECK(error_of([&] { renamed.load_state_dict(good); }) == "[checkpoint] holds members [muon, adamw], this set has [matrices]");
+
+    StateDict foreign = good;
+    foreign.tensors.emplace("sgd/state.0.momentum", Tensor::zeros({1}, DType::f32, Device::cpu()));
+    CHECK(error_of([&] { t.set->load_state_dict(foreign); }) ==
+          "[checkpoint] tensor 'sgd/state.0.momentum' belongs to no member of the set (muon, adamw)");
+
+    StateDict broken_adamw = good;  // Muon's part is fine: it must not be loaded either
+    broken_adamw.tensors.erase("adamw/state.0.exp_avg");
+    const std::string error = error_of([&] { t.set->load_state_dict(broken_adamw); });
+    CHECK(error.rfind("[checkpoint] member 'adamw': ", 0) == 0);
+    CHECK(snapshot(*t.set, t.params) == before);
+  }
+
+  TEST_CASE("SwapOptimizerSet: member names are unique and plain, and members share one stream") {
+    auto params = model();
+    MuonWithAdamW a(Stream(Device::cpu()), params);
+    auto make = [&](const std::string& first, const std::string& second) {
+      std::vector<SwapOptimizerSet::Member> members;
+      members.emplace_back(first, swap_muon(a.muon(), small_config()));
+      members.emplace_back(second, swap_adamw(a.adamw(), small_config()));
+      SwapOptimizerSet set(std::move(members));
+    };
+    CHECK(error_of([&] { make("m", "m"); }) == "[swap] member name 'm' is used twice");
+    CHECK(error_of([&] { make("m", "a/b"); }) ==
+          "[swap] member name 'a/b' must be letters, digits, '_' or '-' (it prefixes checkpoint names)");
+    auto other_params = model();
+    MuonWithAdamW b(Stream(Device::cpu()), other_params);
+    std::vector<SwapOptimizerSet::Member> members;
+    members.emplace_back("muon", swap_muon(a.muon(), small_config()));
+    members.emplace_back("adamw", swap_adamw(b.adamw(), small_config()));
+    CHECK(error_of([&] { SwapOptimizerSet set(std::move(members)); }) ==
+          "[swap] member 'adamw' runs on another stream than 'muon': the members of a set share one stream");
+  }
+}
