@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <sstream>
 
 #include "json.h"
 #include "swapopt/core/error.h"
@@ -52,11 +53,18 @@ void Optimizer::record_step_events() {
 
 void Optimizer::add_group(std::vector<ParamPtr> params) {
   std::set<const Param*> seen;
+  std::set<std::string> names;  // checkpoints name each param's state by its name
   for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) seen.insert(p.get());
+    for (const ParamPtr& p : g.params) {
+      seen.insert(p.get());
+      names.insert(p->name);
+    }
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] null parameter");
     SWAPOPT_CHECK(seen.insert(p.get()).second, "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
+    SWAPOPT_CHECK(!p->name.empty(), "[" << name_ << "] a parameter has no name (checkpoints name each param's state)");
+    SWAPOPT_CHECK(names.insert(p->name).second,
+                  "[" << name_ << "] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined() && p->data.is_contiguous(),
                   "[" << name_ << "] parameter '" << p->name << "' must be a defined contiguous tensor");
     SWAPOPT_CHECK(p->data.device() == device(), "[" << name_ << "] parameter '" << p->name << "' is on "
@@ -127,11 +135,13 @@ std::string Optimizer::metadata_json() const {
   validate_options();  // no non-finite or out-of-range value reaches a checkpoint
   std::vector<Value> groups;
   std::vector<Value> param_steps;
+  std::vector<Value> param_names;
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::vector<Value> indices;
     for (const ParamPtr& p : groups_[g].params) {
       indices.push_back(Value::number(double(index++)));
+      param_names.push_back(Value::string(p->name));
       const auto it = state_.find(p.get());
       param_steps.push_back(Value::number(double(it == state_.end() ? 0 : it->second.step)));
     }
@@ -141,7 +151,8 @@ std::string Optimizer::metadata_json() const {
   }
   return Value::object({{"optimizer", Value::string(name_)},
                         {"groups", Value::array(std::move(groups))},
-                        {"param_steps", Value::array(std::move(param_steps))}})
+                        {"param_steps", Value::array(std::move(param_steps))},
+                        {"param_names", Value::array(std::move(param_names))}})
       .dump();
 }
 
@@ -156,11 +167,42 @@ StateDict Optimizer::state_dict() {
   return out;
 }
 
+namespace {
+
+/** A checkpoint's param names (by index) against the optimizer's: any difference is a named error
+ *  listing them. */
+void check_param_names(const std::vector<std::string>& ours, const std::vector<std::string>& theirs) {
+  if (ours == theirs) return;
+  // Each index whose name differs, as "index: 'checkpoint' here 'optimizer'", the first few.
+  std::ostringstream diff;
+  size_t shown = 0, differing = 0;
+  for (size_t i = 0; i < std::max(ours.size(), theirs.size()); ++i) {
+    const std::string a = i < theirs.size() ? "'" + theirs[i] + "'" : "(none)";
+    const std::string b = i < ours.size() ? "'" + ours[i] + "'" : "(none)";
+    if (a == b) continue;
+    ++differing;
+    if (shown++ < 8) diff << (shown > 1 ? "; " : "") << i << ": " << a << " here " << b;
+  }
+  if (differing > shown) diff << "; and " << (differing - shown) << " more";
+  SWAPOPT_FAIL("[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
+               << diff.str());
+}
+
+}  // namespace
+
 std::function<void()> Optimizer::prepare_load(
     const StateDict& state, std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor) {
   const json::Value meta = json::parse(state.metadata);
   const std::string& optimizer = meta.at("optimizer", "metadata").as_string("optimizer");
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
+  if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
+    std::vector<std::string> ours, theirs;
+    for (const ParamGroup& g : groups_)
+      for (const ParamPtr& p : g.params) ours.push_back(p->name);
+    for (const json::Value& v : meta.at("param_names", "metadata").as_array("param_names"))
+      theirs.push_back(v.as_string("param_names"));
+    check_param_names(ours, theirs);
+  }
   const auto& groups = meta.at("groups", "metadata").as_array("groups");
   SWAPOPT_CHECK(groups.size() == groups_.size(),
                 "[checkpoint] has " << groups.size() << " param groups, the optimizer " << groups_.size());

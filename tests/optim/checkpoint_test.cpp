@@ -157,3 +157,62 @@ TEST_CASE("every single-byte flip of a valid file is rejected or loads the same 
   }
   MESSAGE(flips << " flips, " << loaded << " loaded with unchanged content");
 }
+
+TEST_CASE("checkpoints carry param names: a reordered or renamed model is a named error listing the differences") {
+  auto blocks = [](bool swapped_order, const std::string& renamed) {
+    std::vector<ParamPtr> out = {make_param("blocks.0.w", test::random_tensor({16, 16}, DType::f32, 1)),
+                                 make_param("blocks.1.w", test::random_tensor({16, 16}, DType::f32, 2)),
+                                 make_param("blocks.2.w", test::random_tensor({16, 16}, DType::f32, 3))};
+    if (swapped_order) std::swap(out[0], out[1]);
+    if (!renamed.empty()) out[2]->name = renamed;
+    return out;
+  };
+  auto saved_params = blocks(false, "");
+  Muon saver(Stream(Device::cpu()));
+  saver.add_param_group(saved_params);
+  for (const ParamPtr& p : saved_params) p->grad = test::random_tensor(p->data.shape(), DType::f32, 9);
+  saver.step();
+  const StateDict saved = saver.state_dict();
+  CHECK(saved.metadata.find("\"param_names\":[\"blocks.0.w\",\"blocks.1.w\",\"blocks.2.w\"]") != std::string::npos);
+
+  auto reordered_params = blocks(true, "");  // same shapes: only the names tell them apart
+  Muon reordered(Stream(Device::cpu()));
+  reordered.add_param_group(reordered_params);
+  const std::string before = serialize_state_dict(reordered.state_dict());
+  CHECK(test::error_of([&] { reordered.load_state_dict(saved); }) ==
+        "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
+        "0: 'blocks.0.w' here 'blocks.1.w'; 1: 'blocks.1.w' here 'blocks.0.w'");
+  CHECK(serialize_state_dict(reordered.state_dict()) == before);
+
+  auto renamed_params = blocks(false, "blocks.2.mlp.w");
+  Muon renamed(Stream(Device::cpu()));
+  renamed.add_param_group(renamed_params);
+  CHECK(test::error_of([&] { renamed.load_state_dict(saved); }) ==
+        "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
+        "2: 'blocks.2.w' here 'blocks.2.mlp.w'");
+
+  auto fewer_params = blocks(false, "");
+  fewer_params.pop_back();
+  Muon fewer(Stream(Device::cpu()));
+  fewer.add_param_group(fewer_params);
+  CHECK(test::error_of([&] { fewer.load_state_dict(saved); }) ==
+        "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
+        "2: 'blocks.2.w' here (none)");
+}
+
+TEST_CASE("a checkpoint without param names (swapopt 0.2) still loads, by index") {
+  auto params = make_model(3);
+  MuonWithAdamW opt(Stream(Device::cpu()), params);
+  set_grads(params, 1);
+  opt.step();
+  StateDict old = opt.muon().state_dict();
+  const size_t at = old.metadata.find(",\"param_names\":[");
+  REQUIRE(at != std::string::npos);
+  old.metadata.erase(at, old.metadata.find(']', at) + 1 - at);
+  REQUIRE(old.metadata.find("param_names") == std::string::npos);
+  auto fresh_params = make_model(3);
+  MuonWithAdamW fresh(Stream(Device::cpu()), fresh_params);
+  const StateDict reloaded = parse_state_dict(serialize_state_dict(old).data(), serialize_state_dict(old).size());
+  fresh.muon().load_state_dict(reloaded);
+  CHECK(serialize_state_dict(fresh.muon().state_dict()) == serialize_state_dict(opt.muon().state_dict()));
+}

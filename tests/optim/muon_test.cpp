@@ -274,6 +274,10 @@ TEST_CASE("Muon rejects invalid options and 1-D params by name") {
   CHECK_THROWS_WITH_AS(muon.add_param_group({bias}), "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon", Error);
   muon.add_param_group({w});
   CHECK_THROWS_WITH_AS(muon.add_param_group({w}), "[Muon] parameter 'w' is in more than one group", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("w", Tensor::zeros({4, 4}, DType::f32, Device::cpu()))}),
+                       "[Muon] two parameters are named 'w' (checkpoints name each param's state)", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("", Tensor::zeros({4, 4}, DType::f32, Device::cpu()))}),
+                       "[Muon] a parameter has no name (checkpoints name each param's state)", Error);
   MuonOptions custom;
   custom.ns_variant = "custom";
   custom.ns_steps = 2;
@@ -286,7 +290,9 @@ TEST_CASE("memory-safe batches follow the reference's greedy rule") {
   std::vector<ParamPtr> owned;
   std::vector<Param*> params;
   for (int64_t rows : {4, 4, 4, 20, 4}) {
-    owned.push_back(make_param("p", Tensor::zeros({rows, 4}, DType::f32, Device::cpu())));
+    std::string name = "p";
+    name += std::to_string(owned.size());
+    owned.push_back(make_param(name, Tensor::zeros({rows, 4}, DType::f32, Device::cpu())));
     params.push_back(owned.back().get());
   }
   MuonOptions o;
