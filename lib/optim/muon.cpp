@@ -223,6 +223,21 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params) {
       process_unsharded_batch(group, batch, update_momentum(group, batch));
 }
 
+void Muon::set_options(size_t group, const MuonOptions& options) {
+  SWAPOPT_CHECK(group < options_.size(), "[Muon] no param group " << group << " (" << options_.size() << " groups)");
+  options.validate();
+  options_[group] = options;
+}
+
+void Muon::set_lr(double lr) {
+  std::vector<MuonOptions> changed = options_;
+  for (MuonOptions& o : changed) {
+    o.lr = lr;
+    o.validate();
+  }
+  options_ = std::move(changed);
+}
+
 void Muon::validate_options() const {
   for (const MuonOptions& o : options_) o.validate();
 }

@@ -39,9 +39,14 @@ void Optimizer::synchronize() {
 void Optimizer::step() {
   release_retired_grads();
   check_unwrapped("step()");
+  apply_schedule();
   check_step();
   run_step();
   record_step_events();
+}
+
+void Optimizer::apply_schedule() {
+  if (schedule_) schedule_(groups_.empty() ? 1 : groups_.front().step + 1);
 }
 
 void Optimizer::record_step_events() {

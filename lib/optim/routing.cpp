@@ -47,10 +47,15 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
 }
 
 void MuonWithAdamW::step() {
-  adamw_->check_unwrapped("step()");  // both halves checked before either changes anything
-  adamw_->check_step();
-  muon_->step();
-  adamw_->step();
+  // Both halves scheduled and checked before either changes anything.
+  Optimizer* halves[] = {muon_.get(), adamw_.get()};
+  for (Optimizer* half : halves) half->check_unwrapped("step()");
+  for (Optimizer* half : halves) half->apply_schedule();
+  for (Optimizer* half : halves) half->check_step();
+  for (Optimizer* half : halves) {
+    half->run_step();
+    half->record_step_events();
+  }
 }
 
 }  // namespace swapopt

@@ -59,6 +59,7 @@ void SwapOptimizer::step() {
 // Everything that can reject the step runs before anything changes: the optimizer's checks, the
 // plan and the budget. State a unit creates is made when run() starts.
 SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
+  optimizer().apply_schedule();
   optimizer().check_step();
   PlannedStep plan;
   plan.units = adapter_->plan_units(false);

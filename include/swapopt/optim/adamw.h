@@ -27,6 +27,10 @@ class AdamW : public Optimizer {
   void add_param_group(std::vector<ParamPtr> params, AdamWOptions options = {});
   const AdamWOptions& options(size_t group) const { return options_.at(group); }
   AdamWOptions& mutable_options(size_t group) { return options_.at(group); }
+  /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
+  void set_options(size_t group, const AdamWOptions& options);
+  double lr(size_t group) const override { return options_.at(group).lr; }
+  void set_lr(double lr) override;
 
   /** exp_avg, exp_avg_sq and (amsgrad) max_exp_avg_sq, all f32. */
   std::vector<std::string> state_keys() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }

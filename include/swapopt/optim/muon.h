@@ -87,6 +87,10 @@ class Muon : public Optimizer {
   void add_param_group(std::vector<ParamPtr> params, MuonOptions options = {});
   const MuonOptions& options(size_t group) const { return options_.at(group); }
   MuonOptions& mutable_options(size_t group) { return options_.at(group); }
+  /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
+  void set_options(size_t group, const MuonOptions& options);
+  double lr(size_t group) const override { return options_.at(group).lr; }
+  void set_lr(double lr) override;
   const MuonHooks& hooks() const { return hooks_; }
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }

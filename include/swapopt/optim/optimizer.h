@@ -64,9 +64,16 @@ class Optimizer {
   const Event& params_updated() const { return params_updated_; }
   /** Blocks the host until everything enqueued on stream() (the last step included) is done. */
   void synchronize();
-  /** Records grads_read() and params_updated() at the current end of stream(): step() calls it at
-   *  its end, and so does the swap wrapper after a swapped step. */
-  void record_step_events();
+  /** A learning-rate (or any option) schedule: step() calls it first, before its checks, with the
+   *  number of the step about to run (1 for the first), e.g. to set_lr() from a warm-up and decay;
+   *  the checks then validate what it set. It should depend on that number alone: a step that
+   *  fails its checks calls it again with the same number. Empty: none. */
+  void set_schedule(std::function<void(int64_t step)> schedule) { schedule_ = std::move(schedule); }
+  /** The learning rate of `group`. */
+  virtual double lr(size_t group) const = 0;
+  /** Sets every group's learning rate, validated first: "[AdamW] lr must be finite and >= 0, got
+   *  nan" and nothing changes. */
+  virtual void set_lr(double lr) = 0;
   /** Drops every param's grad (torch's zero_grad(set_to_none=True)): the next step skips a param
    *  whose grad was not set again. The dropped grads are kept alive until the work already queued
    *  on stream() (which may read them) has passed, so their memory is never freed under a step. */
@@ -111,8 +118,15 @@ class Optimizer {
                                      std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor);
 
  protected:
+  // The parts of step(), for the wrappers that step several optimizers as one.
+  friend class MuonWithAdamW;
+  friend class SwapOptimizer;
+  /** Calls the schedule, if any, with the number of the step about to run. */
+  void apply_schedule();
   /** The update itself, after step()'s checks passed. */
   virtual void run_step() = 0;
+  /** Records grads_read() and params_updated() at the current end of stream(). */
+  void record_step_events();
   /** The options of group `group` as a JSON object. */
   virtual std::string group_options_json(size_t group) const = 0;
   /** What prepare_group_options found: the change that applies the options once the whole
@@ -140,6 +154,7 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::map<const Param*, ParamState> state_;
   bool wrapped_ = false;
+  std::function<void(int64_t)> schedule_;
   Event grads_read_;
   Event params_updated_;
   /** Grads zero_grad() dropped, held until stream() passes `retired_mark_`. */
