@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "group_options.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 #include "swapopt/optim/optim_ops.h"
@@ -59,20 +60,9 @@ void AdamW::update_param(size_t group, Param& param) {
   ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, k);
 }
 
-void AdamW::set_options(size_t group, const AdamWOptions& options) {
-  SWAPOPT_CHECK(group < options_.size(), "[AdamW] no param group " << group << " (" << options_.size() << " groups)");
-  options.validate();
-  options_[group] = options;
-}
+void AdamW::set_options(size_t group, const AdamWOptions& options) { set_group_options(options_, group, options, name_); }
 
-void AdamW::set_lr(double lr) {
-  std::vector<AdamWOptions> changed = options_;
-  for (AdamWOptions& o : changed) {
-    o.lr = lr;
-    o.validate();
-  }
-  options_ = std::move(changed);
-}
+void AdamW::set_lr(double lr) { set_every_lr(options_, lr); }
 
 void AdamW::validate_options() const {
   for (const AdamWOptions& o : options_) o.validate();

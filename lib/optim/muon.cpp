@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "group_options.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
@@ -223,20 +224,9 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params) {
       process_unsharded_batch(group, batch, update_momentum(group, batch));
 }
 
-void Muon::set_options(size_t group, const MuonOptions& options) {
-  SWAPOPT_CHECK(group < options_.size(), "[Muon] no param group " << group << " (" << options_.size() << " groups)");
-  options.validate();
-  options_[group] = options;
-}
+void Muon::set_options(size_t group, const MuonOptions& options) { set_group_options(options_, group, options, name_); }
 
-void Muon::set_lr(double lr) {
-  std::vector<MuonOptions> changed = options_;
-  for (MuonOptions& o : changed) {
-    o.lr = lr;
-    o.validate();
-  }
-  options_ = std::move(changed);
-}
+void Muon::set_lr(double lr) { set_every_lr(options_, lr); }
 
 void Muon::validate_options() const {
   for (const MuonOptions& o : options_) o.validate();

@@ -1,0 +1,30 @@
+#pragma once
+// Validated setters over an optimizer's per-group options (internal; Muon and AdamW share them).
+
+#include <string>
+#include <vector>
+
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+/** Replaces group `group`'s options after validating them; nothing changes on a bad value. */
+template <typename Options>
+void set_group_options(std::vector<Options>& all, size_t group, const Options& options, const std::string& optimizer) {
+  SWAPOPT_CHECK(group < all.size(), "[" << optimizer << "] no param group " << group << " (" << all.size() << " groups)");
+  options.validate();
+  all[group] = options;
+}
+
+/** Sets every group's lr, each validated before any changes. */
+template <typename Options>
+void set_every_lr(std::vector<Options>& all, double lr) {
+  std::vector<Options> changed = all;
+  for (Options& o : changed) {
+    o.lr = lr;
+    o.validate();
+  }
+  all = std::move(changed);
+}
+
+}  // namespace swapopt
