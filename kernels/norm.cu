@@ -36,7 +36,18 @@ __global__ void scale_by_inverse_norm_kernel(int64_t total, int64_t per, void* x
     store_f32(x, i, xd, formula::scale_by_inverse_norm(load_f32(x, i, xd), norms[i / per], eps));
 }
 
+// Every thread that finds one writes the same value: no ordering needed.
+__global__ void flag_nonfinite_kernel(int64_t n, const void* x, int xd, float* flag) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (!isfinite(load_f32(x, i, xd))) *flag = 1.f;
+}
+
 }  // namespace
+
+void flag_nonfinite(cudaStream_t stream, int64_t n, const void* x, int xd, float* flag) {
+  if (n == 0) return;
+  flag_nonfinite_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(n, x, xd, flag);
+}
 
 void frobenius_norm(cudaStream_t stream, int64_t count, int64_t per, const void* x, int xd, float* norms) {
   if (count == 0) return;

@@ -129,6 +129,20 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
   }
 }
 
+void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& out_flag) {
+  check_on_stream(stream, x, "flag_nonfinite", "x");
+  check_on_stream(stream, out_flag, "flag_nonfinite", "flag");
+  SWAPOPT_CHECK(x.is_contiguous(), "[flag_nonfinite] x " << x.str() << " must be contiguous");
+  SWAPOPT_CHECK(out_flag.dtype() == DType::f32 && out_flag.numel() == 1,
+                "[flag_nonfinite] flag must be one f32 element, got " << out_flag.str());
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::flag_nonfinite(stream, x, out_flag);
+  } else {
+    cuda::flag_nonfinite(stream, x, out_flag);
+  }
+}
+
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
   check_on_stream(stream, x, "scale_by_inverse_norm", "x");
   check_on_stream(stream, norms, "scale_by_inverse_norm", "norms");

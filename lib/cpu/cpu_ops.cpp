@@ -234,6 +234,20 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
   });
 }
 
+void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& flag) {
+  const size_t n = size_t(x.numel());
+  const void* base = x.data_ptr();
+  float* out = flag.data<float>();
+  const DType xd = x.dtype();
+  stream.enqueue([=, keep = hold(x, flag)] {
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(load_as_float(base, i, xd))) {
+        *out = 1.f;
+        return;
+      }
+  });
+}
+
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
   const int64_t count = norms.numel();
   if (count == 0 || x.numel() == 0) return;

@@ -43,6 +43,7 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
 void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight);
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms);
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
+void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& flag);
 void cast(Stream& stream, const Tensor& src, const Tensor& dst);
 /** Copy where at least one side is on a CUDA device: contiguous, or on one device with unit stride
  *  in the last dim (one 2-D copy per matrix). */

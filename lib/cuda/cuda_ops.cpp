@@ -85,6 +85,12 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
+void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& flag) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
+  kernels::flag_nonfinite(cuda_stream(stream).stream(), x.numel(), x.data_ptr(), code(x.dtype()), flag.data<float>());
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const int64_t count = norms.numel();

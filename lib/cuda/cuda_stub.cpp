@@ -27,6 +27,7 @@ void axpby(Stream&, float, const Tensor&, float, const Tensor&) { not_built("axp
 void lerp(Stream&, const Tensor&, const Tensor&, float) { not_built("lerp"); }
 void frobenius_norm(Stream&, const Tensor&, const Tensor&) { not_built("frobenius_norm"); }
 void scale_by_inverse_norm(Stream&, const Tensor&, const Tensor&, float) { not_built("scale_by_inverse_norm"); }
+void flag_nonfinite(Stream&, const Tensor&, const Tensor&) { not_built("flag_nonfinite"); }
 void cast(Stream&, const Tensor&, const Tensor&) { not_built("cast"); }
 void copy(Stream&, const Tensor&, const Tensor&) { not_built("copy"); }
 void fill_zero(Stream&, const Tensor&) { not_built("fill_zero"); }

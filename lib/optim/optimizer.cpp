@@ -41,8 +41,23 @@ void Optimizer::step() {
   check_unwrapped("step()");
   apply_schedule();
   check_step();
-  run_step();
+  if (!skip_this_step()) run_step();
   record_step_events();
+}
+
+bool Optimizer::skip_this_step() {
+  last_step_skipped_ = skip_nonfinite_ && grads_nonfinite();
+  return last_step_skipped_;
+}
+
+bool Optimizer::grads_nonfinite() {
+  const Tensor flag = Tensor::empty({1}, DType::f32, device(), &stream_);
+  ops::fill_zero(stream_, flag);
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params)
+      if (p->has_grad()) ops::flag_nonfinite(stream_, p->grad, flag);
+  stream_.synchronize();
+  return flag.to_float_vector()[0] != 0.f;
 }
 
 void Optimizer::apply_schedule() {

@@ -52,8 +52,11 @@ void MuonWithAdamW::step() {
   for (Optimizer* half : halves) half->check_unwrapped("step()");
   for (Optimizer* half : halves) half->apply_schedule();
   for (Optimizer* half : halves) half->check_step();
+  bool skip = false;  // a non-finite grad in either half skips both
+  for (Optimizer* half : halves) skip = half->skip_this_step() || skip;
   for (Optimizer* half : halves) {
-    half->run_step();
+    half->last_step_skipped_ = skip;
+    if (!skip) half->run_step();
     half->record_step_events();
   }
 }

@@ -513,6 +513,14 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
   early_ = std::move(early);
 }
 
+void PipelineSwapRuntime::record_skipped_step() {
+  discard_early_prefetch();
+  report_ = {};
+  report_.skipped_nonfinite = true;
+  timers_used_ = 0;
+  resident_now_ = 0;
+}
+
 void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
                               const std::function<void(std::span<UpdateUnit>)>& step_batch) {
   std::vector<Batch> batches = make_batches(units, batch_sizes);

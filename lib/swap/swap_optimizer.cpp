@@ -62,6 +62,8 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
   optimizer().apply_schedule();
   optimizer().check_step();
   PlannedStep plan;
+  plan.skip = optimizer().skip_this_step();
+  if (plan.skip) return plan;
   plan.units = adapter_->plan_units(false);
   runtime_.attach_slots(plan.units, optimizer());
   plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
@@ -69,6 +71,12 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
 }
 
 void SwapOptimizer::run_step(PlannedStep& plan) {
+  optimizer().last_step_skipped_ = plan.skip;
+  if (plan.skip) {
+    runtime_.record_skipped_step();
+    optimizer().record_step_events();
+    return;
+  }
   adapter_->begin_step();
   runtime_.run(plan.units, plan.batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
   adapter_->finish_step();

@@ -36,7 +36,12 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
 void SwapOptimizerSet::step() {
   std::vector<SwapOptimizer::PlannedStep> plans;
   plans.reserve(members_.size());
-  for (Member& m : members_) plans.push_back(m.second->plan_step());
+  bool skip = false;  // a non-finite grad in any member skips them all
+  for (Member& m : members_) {
+    plans.push_back(m.second->plan_step());
+    skip = skip || plans.back().skip;
+  }
+  for (SwapOptimizer::PlannedStep& plan : plans) plan.skip = skip;
   for (size_t i = 0; i < members_.size(); ++i) members_[i].second->run_step(plans[i]);
 }
 

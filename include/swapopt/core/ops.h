@@ -37,6 +37,10 @@ void lerp(Stream& stream, const Tensor& out_a, const Tensor& b, float weight);
  *  f32 with one element per matrix. Sums of squares accumulate in f64 on the CPU. */
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms);
 
+/** Sets out_flag[0] (f32) to 1 if any element of x is NaN or infinite; otherwise leaves it (zero it
+ *  first; several tensors can then share one flag). */
+void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& out_flag);
+
 /** x[i] *= 1 / (norms[i] + eps) for each matrix i (the Newton-Schulz normalisation). */
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
 

@@ -20,6 +20,8 @@ class MeshGroups {
   MeshGroups(std::shared_ptr<Communicator> world, std::shared_ptr<const DeviceMesh> mesh, std::string name);
 
   const DeviceMesh& mesh() const { return *mesh_; }
+  /** Every rank of the mesh. */
+  Communicator& world() { return *world_; }
   /** Ranks along `dims` (ascending mesh dims): the product of their sizes. */
   int64_t size(const std::vector<int64_t>& dims) const;
   /** This rank's index along `dims`, row-major over them. */

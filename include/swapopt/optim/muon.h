@@ -98,6 +98,8 @@ class Muon : public Optimizer {
   /** Also: no shard without HSDP; under HSDP (collective) every rank of each shard group steps
    *  the same params, compared before anything changes. */
   void check_step() override;
+  /** Under HSDP, the answer of every rank (an all-reduce over the world group). */
+  bool grads_nonfinite() override;
   void validate_options() const override;
 
   /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh

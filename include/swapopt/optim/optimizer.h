@@ -69,6 +69,16 @@ class Optimizer {
    *  the checks then validate what it set. It should depend on that number alone: a step that
    *  fails its checks calls it again with the same number. Empty: none. */
   void set_schedule(std::function<void(int64_t step)> schedule) { schedule_ = std::move(schedule); }
+  /** With `on`, each step first looks for NaN or infinity in every grad it would read (one host
+   *  sync per step); if it finds one (on any rank, under HSDP), the whole step is skipped: nothing
+   *  changes, step counters included, and last_step_skipped() says so. The schedule has run. */
+  void set_skip_nonfinite(bool on) { skip_nonfinite_ = on; }
+  bool skip_nonfinite() const { return skip_nonfinite_; }
+  /** Whether the last step() was skipped for a non-finite grad. */
+  bool last_step_skipped() const { return last_step_skipped_; }
+  /** Whether any grad the next step would read holds a NaN or infinity; waits for the stream.
+   *  Collective under HSDP (every rank gets the same answer). */
+  virtual bool grads_nonfinite();
   /** The learning rate of `group`. */
   virtual double lr(size_t group) const = 0;
   /** Sets every group's learning rate, validated first: "[AdamW] lr must be finite and >= 0, got
@@ -123,6 +133,9 @@ class Optimizer {
   friend class SwapOptimizer;
   /** Calls the schedule, if any, with the number of the step about to run. */
   void apply_schedule();
+  /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite());
+   *  sets last_step_skipped(). */
+  bool skip_this_step();
   /** The update itself, after step()'s checks passed. */
   virtual void run_step() = 0;
   /** Records grads_read() and params_updated() at the current end of stream(). */
@@ -155,6 +168,8 @@ class Optimizer {
   std::map<const Param*, ParamState> state_;
   bool wrapped_ = false;
   std::function<void(int64_t)> schedule_;
+  bool skip_nonfinite_ = false;
+  bool last_step_skipped_ = false;
   Event grads_read_;
   Event params_updated_;
   /** Grads zero_grad() dropped, held until stream() passes `retired_mark_`. */

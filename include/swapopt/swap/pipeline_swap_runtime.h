@@ -37,6 +37,8 @@ struct SwapStepReport {
   size_t peak_workspace_bytes = 0;
   /** The first batches' H2D had been issued by prefetch_early() and was used as is. */
   bool early_prefetch_used = false;
+  /** The step was skipped whole for a non-finite grad: nothing was copied or changed. */
+  bool skipped_nonfinite = false;
 };
 
 class PipelineSwapRuntime {
@@ -94,6 +96,9 @@ class PipelineSwapRuntime {
    *  memory of its own, and the optimizer holds ordinary device state again (the wrapper is going
    *  away; nothing is lost). Synchronises. */
   void return_state();
+  /** A step that was skipped whole: drops a pending prefetch_early() (waiting for its copies),
+   *  and the report says skipped_nonfinite. */
+  void record_skipped_step();
   /** Synchronises both streams and returns the report of the last run(). */
   const SwapStepReport& last_report();
 

@@ -61,11 +61,14 @@ class SwapOptimizer {
   struct PlannedStep {
     std::vector<UpdateUnit> units;
     std::vector<size_t> batch_sizes;
+    /** Skipped whole for a non-finite grad (Optimizer::set_skip_nonfinite); a set of optimizers
+     *  skips every member when one does. */
+    bool skip = false;
   };
   /** The optimizer's check_step(), the units, their slots and the batches (budget checked);
    *  changes nothing. */
   PlannedStep plan_step();
-  /** Runs a step plan_step() just made. */
+  /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). */
   void run_step(PlannedStep& plan);
   /** Checks `state` and returns the change that loads it (nothing changes before it runs). */
   std::function<void()> prepare_load(const StateDict& state);
