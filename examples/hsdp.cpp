@@ -255,9 +255,11 @@ int run_rank(const Config& c) {
     std::sort(optimizer_ms.begin(), optimizer_ms.end());
     std::printf("  optimizer step on rank 0: median %.2f ms (%s)\n", optimizer_ms[optimizer_ms.size() / 2],
                 c.swap ? "swapped" : "not swapped");
-    if (c.swap)
+    if (c.swap) {
+      swapped->synchronize();  // the report is the last completed step's
       std::printf("  device-resident momentum on rank 0 at the step's peak (swapped): %zu bytes\n",
                   swapped->last_report().peak_resident_bytes);
+    }
   }
   return loss < first_loss ? 0 : 1;
 }

@@ -42,7 +42,8 @@ PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
       copy_(compute.device()),
       ready_{Event(compute.device()), Event(compute.device())},
       offloaded_{Event(compute.device()), Event(compute.device())},
-      compute_mark_(compute.device()) {
+      compute_mark_(compute.device()),
+      reports_{ReportInFlight(compute.device()), ReportInFlight(compute.device())} {
   config_.validate();
 }
 
@@ -279,12 +280,45 @@ void PipelineSwapRuntime::track_resident(long long delta) {
 }
 
 void PipelineSwapRuntime::timed_wait(Event& event) {
-  // Timing events come from a pool that grows only when a step waits more often than any before.
-  while (wait_timers_.size() < timers_used_ + 2) wait_timers_.emplace_back(compute_.device(), true);
-  wait_timers_[timers_used_].record(compute_);
+  // Timing events come from pools that grow only when a step waits more often than any before
+  // (both sets at once, so that no step after the first creates any).
+  ReportInFlight& set = reports_[report_set_];
+  for (ReportInFlight& each : reports_)
+    while (each.wait_timers.size() < set.timers_used + 2) each.wait_timers.emplace_back(compute_.device(), true);
+  set.wait_timers[set.timers_used].record(compute_);
   compute_.wait(event);
-  wait_timers_[timers_used_ + 1].record(compute_);
-  timers_used_ += 2;
+  set.wait_timers[set.timers_used + 1].record(compute_);
+  set.timers_used += 2;
+}
+
+void PipelineSwapRuntime::begin_report() {
+  report_set_ = 1 - report_set_;
+  ReportInFlight& set = reports_[report_set_];
+  if (set.pending) retire(set, true);  // its timers are about to be recorded again
+  set.timers_used = 0;
+  report_ = {};
+  resident_now_ = 0;
+}
+
+void PipelineSwapRuntime::end_report() {
+  ReportInFlight& set = reports_[report_set_];
+  for (const auto& slot : slots_)
+    if (slot->created) report_.state_bytes += slot->host.nbytes();
+  set.report = report_;
+  set.compute_done.record(compute_);
+  set.copy_done.record(copy_);
+  set.pending = true;
+  set.step = ++steps_reported_;
+}
+
+void PipelineSwapRuntime::retire(ReportInFlight& set, bool force) {
+  const bool done = set.compute_done.query() && set.copy_done.query();
+  if (!done && !force) return;
+  set.report.exposed_wait_ms = done ? 0.0 : -1.0;
+  for (size_t i = 0; done && i + 1 < set.timers_used; i += 2)
+    set.report.exposed_wait_ms += set.wait_timers[i + 1].elapsed_ms(set.wait_timers[i]);
+  completed_ = set.report;
+  set.pending = false;
 }
 
 void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
@@ -504,9 +538,7 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
   early->units.assign(units.begin(), units.end());
   early->batches = make_batches(early->units, batch_sizes);
   if (early->batches.empty()) return;
-  report_ = {};
-  timers_used_ = 0;
-  resident_now_ = 0;
+  begin_report();
   if (config_.packed) allocate_arenas(early->batches);
   early->issued = config_.packed ? std::min<size_t>(2, early->batches.size()) : 1;
   for (size_t k = 0; k < early->issued; ++k) issue_h2d(early->batches[k], k);
@@ -515,25 +547,24 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
 
 void PipelineSwapRuntime::record_skipped_step() {
   discard_early_prefetch();
-  report_ = {};
+  begin_report();
   report_.skipped_nonfinite = true;
-  timers_used_ = 0;
-  resident_now_ = 0;
+  end_report();
 }
 
 void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
                               const std::function<void(std::span<UpdateUnit>)>& step_batch) {
   std::vector<Batch> batches = make_batches(units, batch_sizes);
-  if (!early_) {
-    report_ = {};
-    timers_used_ = 0;
-    resident_now_ = 0;
-  }
+  if (!early_) begin_report();
   const bool adopted = adopt_early_prefetch(batches);
   report_.batches = int(batches.size());
+  for (const Batch& b : batches) report_.swapped_slots += b.slots.size();
   for (const UpdateUnit& u : units) report_.peak_workspace_bytes = std::max(report_.peak_workspace_bytes, size_t(u.workspace_bytes));
   create_pending();
-  if (batches.empty()) return;
+  if (batches.empty()) {
+    end_report();
+    return;
+  }
   try {
     if (config_.packed) {
       if (!adopted) allocate_arenas(batches);
@@ -550,6 +581,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
     }
     throw;
   }
+  end_report();
 }
 
 void PipelineSwapRuntime::return_state() {
@@ -566,11 +598,12 @@ void PipelineSwapRuntime::return_state() {
 }
 
 const SwapStepReport& PipelineSwapRuntime::last_report() {
-  copy_.synchronize();
-  compute_.synchronize();
-  report_.exposed_wait_ms = 0.0;
-  for (size_t i = 0; i + 1 < timers_used_; i += 2) report_.exposed_wait_ms += wait_timers_[i + 1].elapsed_ms(wait_timers_[i]);
-  return report_;
+  ReportInFlight* older = &reports_[0];
+  ReportInFlight* newer = &reports_[1];
+  if (older->step > newer->step) std::swap(older, newer);
+  for (ReportInFlight* set : {older, newer})
+    if (set->pending) retire(*set, false);
+  return completed_;
 }
 
 size_t PipelineSwapRuntime::pinned_bytes() const {

@@ -17,6 +17,7 @@ int main() {
     w->grad = Tensor::from_floats(std::vector<float>(64 * 48, 0.5f + float(step)), {64, 48});
     swapped->step();
   }
+  swapped->synchronize();
   const SwapStepReport report = swapped->last_report();
   const bool ok = report.h2d_bytes == 64 * 48 * 4 && swapped->runtime().slots().front()->device.is_released();
   std::printf("consumer: 2 Muon swap steps, %zu bytes each way: %s\n", report.h2d_bytes, ok ? "ok" : "FAILED");

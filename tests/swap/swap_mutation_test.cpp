@@ -135,6 +135,7 @@ TEST_SUITE("swap") {
       set_grads(swap_params, step, skip);
       bare->step();
       swapped->step();
+      swapped->synchronize();
       const SwapStepReport report = swapped->last_report();
       CHECK(report.batches == (step == 2 ? 3 : 4));
       if (step > 1) CHECK(report.early_prefetch_used == (step == 3));

@@ -205,6 +205,7 @@ TEST_SUITE("swap") {
           CHECK(bound <= largest_even + largest_odd + 2 * 64 * 8);  // ranges add at most alignment padding
         }
         swapped->step();
+        swapped->synchronize();
         const SwapStepReport report = swapped->last_report();
         CHECK(report.batches == int(sizes.size()));
         CHECK(report.peak_resident_bytes > 0);
@@ -232,6 +233,7 @@ TEST_SUITE("swap") {
     CHECK(pinned_host_allocator().stats().allocations == pinned_after_wrap.allocations);
     CHECK(handle_stats().streams_created == handles.streams_created);
     CHECK(handle_stats().events_created == handles.events_created);
+    swapped->synchronize();
     const SwapStepReport report = swapped->last_report();
     CHECK(report.h2d_bytes > 0);
     CHECK(report.h2d_bytes == report.d2h_bytes);
@@ -384,6 +386,7 @@ TEST_SUITE("swap") {
         }
         bare->step();
         swapped->step();
+        swapped->synchronize();
         const SwapStepReport report = swapped->last_report();
         if (step == 6) CHECK(report.early_prefetch_used);
         if (step == 2) CHECK_FALSE(report.early_prefetch_used);  // attn.o has no gradient at step 2
@@ -417,6 +420,7 @@ TEST_SUITE("swap") {
     auto swapped = swap_muon(*muon, c);
     const std::vector<UpdateUnit> units = plan(*swapped);
     swapped->step();
+    swapped->synchronize();
     const SwapStepReport report = swapped->last_report();
     CHECK(report.peak_workspace_bytes == workspace);
     CHECK(report.peak_resident_bytes + report.peak_workspace_bytes <= *c.device_budget_bytes);
@@ -536,7 +540,8 @@ TEST_SUITE("swap") {
       bare.step();
       swapped->step();
       bare.stream().synchronize();
-      const SwapStepReport report = swapped->last_report();  // synchronises the swapped side
+      swapped->synchronize();
+      const SwapStepReport report = swapped->last_report();
       CAPTURE(step);
       CHECK(report.batches == 2);
       // Every grad present: one copy per batch each way. Without a's: c and d are not adjacent.

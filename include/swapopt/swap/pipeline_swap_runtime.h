@@ -27,7 +27,13 @@ struct SwapStepReport {
    *  dtype and batch when every grad is present); unpacked, one per slot. */
   size_t h2d_copies = 0;
   size_t d2h_copies = 0;
-  /** Time the compute stream spent blocked on copies (its waits on H2D and D2H events). */
+  /** Slots (state tensors) the step brought to the device and back. */
+  size_t swapped_slots = 0;
+  /** Bytes of all swapped state (the pinned mirrors' contents): device memory it would take
+   *  resident; the saving is this minus peak_resident_bytes. */
+  size_t state_bytes = 0;
+  /** Time the compute stream spent blocked on copies (its waits on H2D and D2H events); -1 when
+   *  not measured (the step had not completed when its timers were needed again, two steps on). */
   double exposed_wait_ms = 0.0;
   /** Peak bytes of swappable optimizer state resident on the device during the step (restored
    *  slot storage, or staging arenas in packed mode). */
@@ -99,7 +105,8 @@ class PipelineSwapRuntime {
   /** A step that was skipped whole: drops a pending prefetch_early() (waiting for its copies),
    *  and the report says skipped_nonfinite. */
   void record_skipped_step();
-  /** Synchronises both streams and returns the report of the last run(). */
+  /** The report of the last step that has completed (never waits: after a synchronize of both
+   *  streams, the last step's). Before any step completed, an empty report. */
   const SwapStepReport& last_report();
 
   /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
@@ -159,8 +166,28 @@ class PipelineSwapRuntime {
   std::array<Event, 2> ready_;
   std::array<Event, 2> offloaded_;
   Event compute_mark_;
-  std::vector<Event> wait_timers_;  // pairs around each compute-stream wait; grows only when a step needs more
-  size_t timers_used_ = 0;
+  /** A step's report until both streams have passed its end; its timers stay untouched until then
+   *  (two sets, alternating by step, so one step may run while the previous one's is read). */
+  struct ReportInFlight {
+    SwapStepReport report;
+    std::vector<Event> wait_timers;  // pairs around each compute-stream wait; grows only when a step needs more
+    size_t timers_used = 0;
+    Event compute_done, copy_done;
+    bool pending = false;
+    uint64_t step = 0;  // order of the steps, to retire the older first
+    explicit ReportInFlight(Device device) : compute_done(device), copy_done(device) {}
+  };
+  /** Starts the report of a new step, in the next timer set (retiring what it held). */
+  void begin_report();
+  /** Ends the current step's report: marks both streams' end. */
+  void end_report();
+  /** Moves the set's report into completed_ if its step has completed, or `force`d (then without
+   *  its wait time). */
+  void retire(ReportInFlight& set, bool force);
+  std::array<ReportInFlight, 2> reports_;
+  size_t report_set_ = 0;
+  uint64_t steps_reported_ = 0;
+  SwapStepReport completed_;
 
   std::vector<std::unique_ptr<SwapSlot>> slots_;
   std::array<std::shared_ptr<Storage>, 3> host_buffers_;   // pinned, one per dtype

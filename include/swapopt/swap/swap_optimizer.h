@@ -48,7 +48,8 @@ class SwapOptimizer {
    *  H2D); on a mismatch throws a named error and changes nothing. */
   void load_state_dict(const StateDict& state);
 
-  /** The last step's report (synchronises the streams). */
+  /** The report of the last step that has completed; never waits, so logging it costs no sync
+   *  (after synchronize(), the last step's). */
   SwapStepReport last_report() { return runtime_.last_report(); }
   Optimizer& optimizer() { return adapter_->optimizer(); }
   StateSwapAdapter& adapter() { return *adapter_; }
