@@ -137,7 +137,7 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   const MuonOptions& o = options_.at(group);
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
-    SWAPOPT_CHECK(p->grad.shape() == p->data.shape() && p->grad.dtype() == p->data.dtype(),
+    SWAPOPT_CHECK(p->grad.shape() == p->data.shape(),
                   "[Muon] grad of '" << p->name << "' is " << p->grad.str() << ", the param " << p->data.str());
   }
   const float m1 = float(o.momentum), m2 = float(o.m2());
@@ -237,7 +237,7 @@ void Muon::check_step() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     local_params(g);  // throws for a shard without HSDP
     for (const ParamPtr& p : groups_[g].params)
-      if (p->has_grad()) check_grad(*p, true);
+      if (p->has_grad()) check_grad(*p);
   }
   for (const HsdpAssignment& a : schedule_)
     if (a.sharded()) check_shard_group_grads(a);

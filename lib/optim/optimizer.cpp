@@ -93,12 +93,12 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   groups_.push_back({std::move(params), 0});
 }
 
-void Optimizer::check_grad(const Param& p, bool same_dtype) const {
+void Optimizer::check_grad(const Param& p) const {
   const Tensor& g = p.grad;
   const std::string what = "[" + name_ + "] grad of '" + p.name + "'";
   SWAPOPT_CHECK(!g.is_released(), what << " is released");
   SWAPOPT_CHECK(g.device() == device(), what << " is on " << g.device().str() << ", the optimizer on " << device().str());
-  SWAPOPT_CHECK(g.shape() == p.data.shape() && (!same_dtype || g.dtype() == p.data.dtype()),
+  SWAPOPT_CHECK(g.shape() == p.data.shape(),
                 what << " is " << g.str() << ", the param " << p.data.str());
   SWAPOPT_CHECK(g.is_contiguous(), what << " must be contiguous, got strides " << shape_str(g.strides()));
 }
@@ -125,7 +125,7 @@ void Optimizer::check_step() {
   validate_options();
   for (const ParamGroup& g : groups_)
     for (const ParamPtr& p : g.params)
-      if (p->has_grad()) check_grad(*p, false);
+      if (p->has_grad()) check_grad(*p);
 }
 
 int64_t Optimizer::param_index(const Param* param) const {

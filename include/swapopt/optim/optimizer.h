@@ -90,7 +90,7 @@ class Optimizer {
   void zero_grad();
   /** Checks everything step() relies on, changing nothing: every group's options (those changed
    *  through mutable_options since included) and the grad of every param the step updates (shape,
-   *  dtype, device, contiguous, not released). step() and the swapped step call it before they
+   *  device, contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
    *  as it was. Collective under HSDP (the shard groups compare which params they step). */
   virtual void check_step();
@@ -157,8 +157,9 @@ class Optimizer {
   /** Checks a new group's parameters (throws naming the parameter). */
   void add_group(std::vector<ParamPtr> params);
   /** Checks `param`'s grad (defined) against its data: same shape, contiguous, on this device, not
-   *  released, and with `same_dtype` of the param's dtype (else any float dtype, read exactly). */
-  void check_grad(const Param& param, bool same_dtype) const;
+   *  released. Its dtype may be any (bf16 or f16 grads on f32 params): the fused updates read it
+   *  exactly, as if converted to f32 first. */
+  void check_grad(const Param& param) const;
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
 
