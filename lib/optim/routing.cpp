@@ -1,37 +1,96 @@
 #include "swapopt/optim/routing.h"
 
+#include <algorithm>
 #include <sstream>
+
+#include "swapopt/core/error.h"
 
 namespace swapopt {
 
 namespace {
 
-bool matches(const std::string& name, const RoutingRules& rules) {
+std::vector<std::string> name_components(const std::string& name) {
+  std::vector<std::string> out;
   std::istringstream parts(name);
   std::string part;
-  while (std::getline(parts, part, '.'))
-    for (const std::string& pattern : rules.adamw_patterns)
-      if (part.find(pattern) != std::string::npos) return true;
-  return false;
+  while (std::getline(parts, part, '.')) out.push_back(part);
+  return out;
 }
 
-bool is_bias(const std::string& name) {
-  const std::string suffix = "bias";
-  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+bool one_of(const std::string& s, const std::vector<std::string>& set) {
+  return std::find(set.begin(), set.end(), s) != set.end();
 }
 
 }  // namespace
 
+const char* route_name(Route route) {
+  switch (route) {
+    case Route::muon: return "muon";
+    case Route::adamw_decay: return "adamw";
+    case Route::adamw_no_decay: return "adamw (no decay)";
+  }
+  return "?";
+}
+
+std::function<bool(const Param&)> has_name_component(std::vector<std::string> components) {
+  return [components = std::move(components)](const Param& p) {
+    for (const std::string& part : name_components(p.name))
+      if (one_of(part, components)) return true;
+    return false;
+  };
+}
+
+std::function<bool(const Param&)> first_name_component(std::vector<std::string> components) {
+  return [components = std::move(components)](const Param& p) {
+    const std::vector<std::string> parts = name_components(p.name);
+    return !parts.empty() && one_of(parts.front(), components);
+  };
+}
+
+std::function<bool(const Param&)> ndim_below(int64_t ndim) {
+  return [ndim](const Param& p) { return int64_t(p.logical_shape().size()) < ndim; };
+}
+
+std::vector<RoutingRule> default_routing_rules() {
+  return {
+      {"fewer than 2 dims (norm scales, biases)", ndim_below(2), Route::adamw_no_decay},
+      {"a bias", [](const Param& p) { return name_components(p.name).back() == "bias"; }, Route::adamw_no_decay},
+      {"an embedding",
+       has_name_component({"embed", "embeds", "embedding", "embeddings", "embed_tokens", "tok_embeddings", "word_embeddings",
+                           "position_embeddings", "wte", "wpe"}),
+       Route::adamw_decay},
+      {"an output head", has_name_component({"lm_head"}), Route::adamw_decay},
+      {"an output head", first_name_component({"output", "head", "classifier"}), Route::adamw_decay},
+  };
+}
+
+std::string RoutedParams::report() const {
+  size_t width = 0;
+  for (const RoutingDecision& d : decisions) width = std::max(width, d.param.size());
+  std::ostringstream out;
+  for (const RoutingDecision& d : decisions) {
+    out << d.param << std::string(width + 2 - d.param.size(), ' ') << route_name(d.route);
+    out << std::string(18 - std::string(route_name(d.route)).size(), ' ') << d.why << "\n";
+  }
+  return out.str();
+}
+
 RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRules& rules) {
   RoutedParams out;
   for (const ParamPtr& p : params) {
-    if (p->data.dim() < 2 || is_bias(p->name)) {
-      out.adamw_no_decay.push_back(p);
-    } else if (matches(p->name, rules)) {
-      out.adamw_decay.push_back(p);
-    } else {
-      out.muon.push_back(p);
-    }
+    Route route = Route::muon;
+    std::string why = "no rule matched";
+    for (const RoutingRule& rule : rules.rules)
+      if (rule.matches && rule.matches(*p)) {
+        route = rule.route;
+        why = rule.why;
+        break;
+      }
+    SWAPOPT_CHECK(route != Route::muon || p->logical_shape().size() >= 2,
+                  "[routing] '" << p->name << "' (shape " << shape_str(p->logical_shape()) << ") would go to Muon (" << why
+                                << "), which needs 2 or more dims: route it with a rule");
+    (route == Route::muon ? out.muon : route == Route::adamw_decay ? out.adamw_decay : out.adamw_no_decay).push_back(p);
+    out.decisions.push_back({p->name, route, why});
   }
   return out;
 }
@@ -40,6 +99,7 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
                              AdamWOptions adamw_options, const RoutingRules& rules, MuonHooks hooks)
     : muon_(std::make_unique<Muon>(stream, std::move(hooks))), adamw_(std::make_unique<AdamW>(stream)) {
   RoutedParams routed = route_params(params, rules);
+  routing_ = routed.decisions;
   if (!routed.muon.empty()) muon_->add_param_group(std::move(routed.muon), muon_options);
   if (!routed.adamw_decay.empty()) adamw_->add_param_group(std::move(routed.adamw_decay), adamw_options);
   adamw_options.weight_decay = 0.0;

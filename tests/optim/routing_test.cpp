@@ -1,0 +1,66 @@
+// Routing by explicit rules on whole name components and shapes, with a report of each decision.
+#include "test_util.h"
+
+using namespace swapopt;
+using test::error_of;
+
+namespace {
+
+ParamPtr param(const std::string& name, const Shape& shape) { return make_param(name, Tensor::zeros(shape, DType::f32, Device::cpu())); }
+
+Route route_of(const std::string& name, const Shape& shape, const RoutingRules& rules = {}) {
+  return route_params({param(name, shape)}, rules).decisions.front().route;
+}
+
+}  // namespace
+
+TEST_CASE("default routing: whole name components, never substrings (the reference trainer's rules)") {
+  const Shape m = {8, 4};
+  CHECK(route_of("blocks.0.attn.multihead_proj.weight", m) == Route::muon);  // "head" inside a component
+  CHECK(route_of("blocks.0.mlp.output_gate.weight", m) == Route::muon);      // "output" inside a component
+  CHECK(route_of("layers.0.attention.output.dense.weight", m) == Route::muon);  // "output" not first
+  CHECK(route_of("blocks.0.experts.w1", {4, 8, 4}) == Route::muon);
+  CHECK(route_of("model.embed_tokens.weight", m) == Route::adamw_decay);
+  CHECK(route_of("transformer.wte.weight", m) == Route::adamw_decay);
+  CHECK(route_of("embed.weight", m) == Route::adamw_decay);
+  CHECK(route_of("lm_head.weight", m) == Route::adamw_decay);
+  CHECK(route_of("model.lm_head.weight", m) == Route::adamw_decay);
+  CHECK(route_of("output.weight", m) == Route::adamw_decay);
+  CHECK(route_of("head.weight", m) == Route::adamw_decay);
+  CHECK(route_of("blocks.0.norm.weight", {8}) == Route::adamw_no_decay);
+  CHECK(route_of("conv.bias", {8, 1}) == Route::adamw_no_decay);  // a bias by name, whatever its shape
+}
+
+TEST_CASE("the routing report: every param, its route and the rule that sent it") {
+  const RoutedParams r = route_params({param("embed.weight", {10, 4}), param("blocks.0.attn.multihead_proj.weight", {4, 4}),
+                                       param("blocks.0.norm.weight", {4}), param("blocks.0.attn.bias", {4, 1})});
+  CHECK(r.report() ==
+        "embed.weight                         adamw             an embedding\n"
+        "blocks.0.attn.multihead_proj.weight  muon              no rule matched\n"
+        "blocks.0.norm.weight                 adamw (no decay)  fewer than 2 dims (norm scales, biases)\n"
+        "blocks.0.attn.bias                   adamw (no decay)  a bias\n");
+  CHECK(r.muon.size() == 1);
+  CHECK(r.adamw_decay.size() == 1);
+  CHECK(r.adamw_no_decay.size() == 2);
+  auto params = std::vector<ParamPtr>{param("embed.weight", {10, 4}), param("blocks.0.w", {4, 4}), param("blocks.0.b", {4})};
+  MuonWithAdamW opt(Stream(Device::cpu()), params);
+  REQUIRE(opt.routing().size() == 3);
+  CHECK(opt.routing()[1].route == Route::muon);
+  CHECK(opt.routing()[2].why == "fewer than 2 dims (norm scales, biases)");
+}
+
+TEST_CASE("custom rules: checked first to last, on names and shapes; a 1-D param sent to Muon is a named error") {
+  RoutingRules rules;
+  rules.rules.insert(rules.rules.begin(), RoutingRule{"a router gate", has_name_component({"router"}), Route::adamw_no_decay});
+  rules.rules.push_back(RoutingRule{"a very wide matrix",
+                                    [](const Param& p) { return p.data.dim() == 2 && p.data.shape()[1] > 64 * p.data.shape()[0]; },
+                                    Route::adamw_decay});
+  CHECK(route_of("blocks.0.moe.router.weight", {8, 4}, rules) == Route::adamw_no_decay);
+  CHECK(route_of("blocks.0.proj", {2, 256}, rules) == Route::adamw_decay);
+  CHECK(route_of("blocks.0.proj", {4, 256}, rules) == Route::muon);
+
+  RoutingRules everything_to_muon;
+  everything_to_muon.rules = {RoutingRule{"everything", [](const Param&) { return true; }, Route::muon}};
+  CHECK(error_of([&] { route_params({param("ln.weight", {768})}, everything_to_muon); }) ==
+        "[routing] 'ln.weight' (shape [768]) would go to Muon (everything), which needs 2 or more dims: route it with a rule");
+}
