@@ -64,6 +64,30 @@ installed() {
     LD_LIBRARY_PATH="$lib" "$work/pkgconfig/build/consumer"
 }
 check pkg-config installed || tail -20 "$work/pkg.log" "$work/install.log"
+# The same install linked statically with the README's command: `pkg-config --static --libs`
+# (libswapopt.a picked with -l:), and the program needs no libswapopt.so.
+static_linked() {
+  local pc root_lib
+  pc=$(dirname "$(find "$work/root" -name swapopt.pc | head -1)")
+  root_lib=$(dirname "$(find "$work/root" -name 'libswapopt.a' | head -1)")
+  local cflags libs
+  cflags=$(PKG_CONFIG_PATH="$pc" PKG_CONFIG_SYSROOT_DIR="$work/root" pkg-config --cflags swapopt) || return 1
+  libs=$(PKG_CONFIG_PATH="$pc" PKG_CONFIG_SYSROOT_DIR="$work/root" pkg-config --static --libs swapopt) || return 1
+  echo "pkg-config --static --libs swapopt: $libs"
+  c++ -std=c++20 "$work/main.cpp" $cflags -o "$work/consumer-static" ${libs/-lswapopt/-l:libswapopt.a} >"$work/static.log" 2>&1 ||
+    { tail -20 "$work/static.log"; return 1; }
+  ! ldd "$work/consumer-static" | grep -q libswapopt && "$work/consumer-static"
+}
+check "pkg-config --static" static_linked
+# --cflags carries swapopt's include dir alone: no dependency's headers leak into a consumer.
+cflags_only_swapopt() {
+  local pc flags
+  pc=$(dirname "$(find "$work/root" -name swapopt.pc | head -1)")
+  flags=$(PKG_CONFIG_PATH="$pc" pkg-config --cflags swapopt)
+  echo "pkg-config --cflags swapopt: $flags"
+  [ "$(echo "$flags" | wc -w)" -eq 1 ]
+}
+check "pkg-config --cflags only swapopt's" cflags_only_swapopt
 
 rm -rf "$work"
 echo "tests: $passed passed, $failed failed, 0 skipped"
