@@ -219,14 +219,12 @@ int run(const Config& c) {
   swap.swap_times = c.swap_times;
   swap.packed = c.packed;
   if (c.budget > 0) swap.device_budget_bytes = c.budget;
-  std::unique_ptr<SwapOptimizer> muon_swap, adamw_swap;
-  if (c.swap) {
-    muon_swap = swap_muon(opt.muon(), swap);
-    adamw_swap = swap_adamw(opt.adamw(), swap);
-  }
+  std::unique_ptr<SwapOptimizerSet> swapped;  // Muon's momentum and AdamW's moments, stepped as one
+  if (c.swap) swapped = swap_muon_with_adamw(opt, swap);
   std::printf("swapopt-train: hidden %lld, %lld blocks, batch %lld, %d steps, swap %s (swap_times %d, %s)\n",
               (long long)c.hidden, (long long)c.layers, (long long)c.batch, c.steps, c.swap ? "on" : "off", c.swap_times,
               c.packed ? "packed" : "per-tensor");
+  std::printf("routing:\n%s\n", routing_report(opt.routing()).c_str());
 
   std::normal_distribution<float> normal(0.f, 1.f);
   Tensor x = Tensor::empty({c.batch, c.input}, DType::f32, Device::cpu());
@@ -255,10 +253,10 @@ int run(const Config& c) {
     if (step == 1) first_loss = loss;
     backward(stream, model, x, dlogits);
     if (c.swap) {
-      muon_swap->step();
-      adamw_swap->step();
-      peak_swapped_resident = std::max(peak_swapped_resident, muon_swap->last_report().peak_resident_bytes +
-                                                                  adamw_swap->last_report().peak_resident_bytes);
+      swapped->step();
+      // The last completed step's reports (reading them never waits).
+      peak_swapped_resident = std::max(peak_swapped_resident, swapped->member("muon").last_report().peak_resident_bytes +
+                                                                  swapped->member("adamw").last_report().peak_resident_bytes);
     } else {
       opt.step();
     }
@@ -272,7 +270,9 @@ int run(const Config& c) {
   // Device-resident optimizer bytes: without swap, all state; with swap, the state that stays on
   // the device (below min_numel) plus the peak that the pipeline brought over at once.
   size_t all_state = 0, stays = 0;
-  const std::pair<Optimizer*, SwapOptimizer*> pairs[] = {{&opt.muon(), muon_swap.get()}, {&opt.adamw(), adamw_swap.get()}};
+  if (swapped) swapped->synchronize();
+  const std::pair<Optimizer*, SwapOptimizer*> pairs[] = {{&opt.muon(), swapped ? &swapped->member("muon") : nullptr},
+                                                         {&opt.adamw(), swapped ? &swapped->member("adamw") : nullptr}};
   for (const auto& [o, wrapper] : pairs)
     for (const auto& [param, ps] : o->state())
       for (const auto& [key, t] : ps.tensors) {

@@ -64,7 +64,9 @@ std::vector<RoutingRule> default_routing_rules() {
   };
 }
 
-std::string RoutedParams::report() const {
+std::string RoutedParams::report() const { return routing_report(decisions); }
+
+std::string routing_report(const std::vector<RoutingDecision>& decisions) {
   size_t width = 0;
   for (const RoutingDecision& d : decisions) width = std::max(width, d.param.size());
   std::ostringstream out;

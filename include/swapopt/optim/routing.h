@@ -52,9 +52,12 @@ struct RoutedParams {
   std::vector<ParamPtr> adamw_decay;      // e.g. embeddings, heads
   std::vector<ParamPtr> adamw_no_decay;   // e.g. 1-D params and biases
   std::vector<RoutingDecision> decisions;  // one per param, in order
-  /** The decisions as a table, one line per param: name, route, why ("no rule matched" for Muon). */
+  /** routing_report(decisions). */
   std::string report() const;
 };
+
+/** Decisions as a table, one line per param: name, route, why ("no rule matched" for Muon). */
+std::string routing_report(const std::vector<RoutingDecision>& decisions);
 
 /** Routes `params` in order. A param of fewer than 2 dims that would go to Muon is an error. */
 RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRules& rules = {});
