@@ -15,6 +15,9 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "../cpu/cpu_stream.h"
 #include "swapopt/comm/communicator.h"
@@ -23,6 +26,23 @@
 namespace swapopt {
 
 namespace {
+
+/** Runs a Gloo collective on `opts`. After a transport error (a dead peer, a timeout) Gloo's loop
+ *  thread may still signal the options' buffers (tcp::UnboundBuffer::signalException racing their
+ *  destructor, seen by ThreadSanitizer), so those options are kept, never destroyed: the
+ *  communicator is unusable after such an error, and the kept objects stay reachable. */
+template <typename Options, typename Collective>
+void run_collective(std::unique_ptr<Options> opts, Collective collective) {
+  try {
+    collective(*opts);
+  } catch (...) {
+    static std::mutex mutex;
+    static auto* kept = new std::vector<std::shared_ptr<void>>();
+    std::lock_guard<std::mutex> lock(mutex);
+    kept->push_back(std::shared_ptr<Options>(std::move(opts)));
+    throw;
+  }
+}
 
 /** The shared pieces every group of one job uses: the store and the TCP device. */
 struct GlooWorld {
@@ -73,12 +93,12 @@ class GlooCommunicator final : public Communicator {
     auto* data = static_cast<uint8_t*>(tensor.data_ptr());
     const size_t n = tensor.nbytes();
     return submit("broadcast", [this, data, n, root] {
-      gloo::BroadcastOptions opts(context_);
-      opts.setOutput(data, n);
-      opts.setRoot(root);
-      opts.setTag(next_tag());
-      opts.setTimeout(world_->timeout);
-      gloo::broadcast(opts);
+      auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
+      opts->setOutput(data, n);
+      opts->setRoot(root);
+      opts->setTag(next_tag());
+      opts->setTimeout(world_->timeout);
+      run_collective(std::move(opts), &gloo::broadcast);
     });
   }
 
@@ -91,12 +111,12 @@ class GlooCommunicator final : public Communicator {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     const size_t n = in.nbytes();
     return submit("all_gather", [this, src, dst, n] {
-      gloo::AllgatherOptions opts(context_);
-      opts.setInput(src, n);
-      opts.setOutput(dst, n * size_t(size_));
-      opts.setTag(next_tag());
-      opts.setTimeout(world_->timeout);
-      gloo::allgather(opts);
+      auto opts = std::make_unique<gloo::AllgatherOptions>(context_);
+      opts->setInput(src, n);
+      opts->setOutput(dst, n * size_t(size_));
+      opts->setTag(next_tag());
+      opts->setTimeout(world_->timeout);
+      run_collective(std::move(opts), &gloo::allgather);
     });
   }
 
@@ -128,10 +148,10 @@ class GlooCommunicator final : public Communicator {
 
   void barrier() override {
     submit("barrier", [this] {
-      gloo::BarrierOptions opts(context_);
-      opts.setTag(next_tag());
-      opts.setTimeout(world_->timeout);
-      gloo::barrier(opts);
+      auto opts = std::make_unique<gloo::BarrierOptions>(context_);
+      opts->setTag(next_tag());
+      opts->setTimeout(world_->timeout);
+      run_collective(std::move(opts), &gloo::barrier);
     })->wait();
   }
 
@@ -153,12 +173,12 @@ class GlooCommunicator final : public Communicator {
   }
 
   void sum_in_place(float* data, size_t n) {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, n);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(next_tag());
-    opts.setTimeout(world_->timeout);
-    gloo::allreduce(opts);
+    auto opts = std::make_unique<gloo::AllreduceOptions>(context_);
+    opts->setOutput(data, n);
+    opts->setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts->setTag(next_tag());
+    opts->setTimeout(world_->timeout);
+    run_collective(std::move(opts), &gloo::allreduce);
   }
 
   uint32_t next_tag() { return tag_++; }
