@@ -4,6 +4,7 @@
 
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
+#include "sum_over_ranks.h"
 
 namespace swapopt {
 
@@ -38,11 +39,7 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     sum += weight * double(each[i]) * double(each[i]);
   }
   if (world != nullptr) {
-    const Tensor total = Tensor::empty({1}, DType::f32, stream.device(), &stream);
-    ops::copy(stream, Tensor::from_floats({float(sum)}, {1}), total);
-    stream.synchronize();  // the collective reads `total` now
-    world->all_reduce(total)->wait();
-    sum = double(total.to_float_vector()[0]);
+    sum = double(sum_over_ranks(*world, stream, float(sum)));
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

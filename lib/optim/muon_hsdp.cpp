@@ -5,6 +5,7 @@
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/optim/muon.h"
+#include "sum_over_ranks.h"
 
 namespace swapopt {
 
@@ -134,11 +135,7 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
 bool Muon::grads_nonfinite() {
   const bool mine = Optimizer::grads_nonfinite();
   if (!hsdp_enabled()) return mine;
-  const Tensor flag = Tensor::empty({1}, DType::f32, device(), &stream_);
-  ops::copy(stream_, Tensor::from_floats({mine ? 1.f : 0.f}, {1}), flag);
-  stream_.synchronize();  // the collective reads `flag` now
-  mesh_groups_->world().all_reduce(flag)->wait();
-  return flag.to_float_vector()[0] != 0.f;
+  return sum_over_ranks(mesh_groups_->world(), stream_, mine ? 1.f : 0.f) != 0.f;
 }
 
 void Muon::check_shard_group_grads(const HsdpAssignment& a) {
