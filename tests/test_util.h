@@ -114,6 +114,15 @@ std::string error_of(F&& f) {
   return "";
 }
 
+/** A small model that MuonWithAdamW splits both ways: an embedding and a bias to AdamW, two
+ *  matrices to Muon. */
+inline std::vector<ParamPtr> muon_adamw_model() {
+  return {make_param("embed.weight", random_tensor({20, 8}, DType::f32, 1)),
+          make_param("blocks.0.w", random_tensor({24, 16}, DType::f32, 2)),
+          make_param("blocks.0.b", random_tensor({24}, DType::f32, 3)),
+          make_param("blocks.1.w", random_tensor({16, 24}, DType::f32, 4))};
+}
+
 /** True when a CUDA device can run the CUDA suites. */
 inline bool no_gpu() { return cuda_device_count() == 0; }
 

@@ -6,16 +6,9 @@ using namespace swapopt;
 
 namespace {
 
-std::vector<ParamPtr> model() {
-  return {make_param("embed.weight", test::random_tensor({20, 8}, DType::f32, 1)),
-          make_param("blocks.0.w", test::random_tensor({24, 16}, DType::f32, 2)),
-          make_param("blocks.0.b", test::random_tensor({24}, DType::f32, 3)),
-          make_param("blocks.1.w", test::random_tensor({16, 24}, DType::f32, 4))};
-}
-
 /** Three steps with grads of `dtype`, or (`as_f32`) the same values converted to f32. */
 std::vector<ParamPtr> train(DType dtype, bool as_f32, bool swapped) {
-  auto params = model();
+  auto params = test::muon_adamw_model();
   MuonWithAdamW opt(Stream(Device::cpu()), params);
   SwapConfig config;
   config.min_numel = 1;

@@ -13,13 +13,6 @@ using namespace swapopt;
 
 namespace {
 
-std::vector<ParamPtr> model() {
-  return {make_param("embed.weight", test::random_tensor({20, 8}, DType::f32, 1)),
-          make_param("blocks.0.w", test::random_tensor({24, 16}, DType::f32, 2)),
-          make_param("blocks.0.b", test::random_tensor({24}, DType::f32, 3)),
-          make_param("blocks.1.w", test::random_tensor({16, 24}, DType::f32, 4))};
-}
-
 void set_grads(const std::vector<ParamPtr>& params, uint32_t step) {
   for (size_t i = 0; i < params.size(); ++i)
     params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, 100 * step + uint32_t(i));
@@ -32,7 +25,7 @@ float bad_value(int which) {
 
 /** Stepping one of the kinds of optimizer over the model, with skip_nonfinite on. */
 struct Subject {
-  std::vector<ParamPtr> params = model();
+  std::vector<ParamPtr> params = test::muon_adamw_model();
   std::unique_ptr<MuonWithAdamW> opt = std::make_unique<MuonWithAdamW>(Stream(Device::cpu()), params);
   std::unique_ptr<SwapOptimizerSet> set;
   explicit Subject(bool swapped) {
@@ -114,7 +107,7 @@ TEST_CASE("skip_nonfinite: a NaN or inf in any grad skips the whole step exactly
 }
 
 TEST_CASE("without skip_nonfinite a NaN grad is not looked for (the default, as torch)") {
-  auto params = model();
+  auto params = test::muon_adamw_model();
   AdamW adamw(Stream(Device::cpu()));
   adamw.add_param_group(params);
   set_grads(params, 1);
