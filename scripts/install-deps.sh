@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages swapopt builds and tests with, only those missing.
 set -euo pipefail
-packages=(meson ninja-build pkg-config libeigen3-dev doctest-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server)
+packages=(meson ninja-build pkg-config libeigen3-dev doctest-dev nlohmann-json3-dev zlib1g-dev libgloo-dev libhiredis-dev redis-server)
 missing=()
 for p in "${packages[@]}" "$@"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

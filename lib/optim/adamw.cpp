@@ -77,14 +77,13 @@ void AdamW::run_step() {
 }
 
 std::string AdamW::group_options_json(size_t group) const {
-  using json::Value;
   const AdamWOptions& o = options_.at(group);
-  return Value::object({{"lr", Value::number(o.lr)},
-                        {"beta1", Value::number(o.beta1)},
-                        {"beta2", Value::number(o.beta2)},
-                        {"eps", Value::number(o.eps)},
-                        {"weight_decay", Value::number(o.weight_decay)},
-                        {"amsgrad", Value::boolean(o.amsgrad)}})
+  return json::Value::object({{"lr", o.lr},
+                              {"beta1", o.beta1},
+                              {"beta2", o.beta2},
+                              {"eps", o.eps},
+                              {"weight_decay", o.weight_decay},
+                              {"amsgrad", o.amsgrad}})
       .dump();
 }
 
@@ -93,17 +92,18 @@ Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::s
   PreparedOptions prepared;
   for (const std::string& text : options_json) {
     const json::Value v = json::parse(text);
-    for (const auto& [key, value] : v.as_object("AdamW options"))
+    const std::string w = "AdamW options";
+    for (const auto& [key, value] : json::get_object(v, w))
       SWAPOPT_CHECK(key == "lr" || key == "beta1" || key == "beta2" || key == "eps" || key == "weight_decay" || key == "amsgrad",
                     "[AdamW] unknown option '" << key << "'");
-    const std::string w = "AdamW options";
+    auto number = [&](const std::string& key) { return json::get_number(json::member(v, key, w), key); };
     AdamWOptions o;
-    o.lr = v.at("lr", w).as_number("lr");
-    o.beta1 = v.at("beta1", w).as_number("beta1");
-    o.beta2 = v.at("beta2", w).as_number("beta2");
-    o.eps = v.at("eps", w).as_number("eps");
-    o.weight_decay = v.at("weight_decay", w).as_number("weight_decay");
-    o.amsgrad = v.at("amsgrad", w).as_bool("amsgrad");
+    o.lr = number("lr");
+    o.beta1 = number("beta1");
+    o.beta2 = number("beta2");
+    o.eps = number("eps");
+    o.weight_decay = number("weight_decay");
+    o.amsgrad = json::get_bool(json::member(v, "amsgrad", w), "amsgrad");
     o.validate();
     parsed.push_back(o);
     prepared.group_state_keys.push_back(keys_for(o));

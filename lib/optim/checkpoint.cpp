@@ -58,25 +58,22 @@ constexpr int64_t kMaxDims = 8;
 
 std::string serialize_state_dict(const StateDict& state) {
   using json::Value;
-  std::map<std::string, Value> header;
-  std::map<std::string, Value> checksums;
-  checksums.emplace(kMetadataChecksum, Value::number(double(crc32_of(state.metadata.data(), state.metadata.size()))));
+  Value header = Value::object();
+  Value checksums = Value::object();
+  checksums[kMetadataChecksum] = crc32_of(state.metadata.data(), state.metadata.size());
   uint64_t offset = 0;
   for (const auto& [name, tensor] : state.tensors) {
     SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
                   "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
-    std::vector<Value> shape;
-    for (int64_t d : tensor.shape()) shape.push_back(Value::number(double(d)));
-    header.emplace(name, Value::object({{"dtype", Value::string(safetensors_dtype(tensor.dtype()))},
-                                        {"shape", Value::array(std::move(shape))},
-                                        {"data_offsets", Value::array({Value::number(double(offset)),
-                                                                       Value::number(double(offset + tensor.nbytes()))})}}));
+    header[name] = Value::object({{"dtype", safetensors_dtype(tensor.dtype())},
+                                  {"shape", tensor.shape()},
+                                  {"data_offsets", Value::array({offset, offset + tensor.nbytes()})}});
     offset += tensor.nbytes();
-    checksums.emplace(name, Value::number(double(crc32_of(tensor.data_ptr(), tensor.nbytes()))));
+    checksums[name] = crc32_of(tensor.data_ptr(), tensor.nbytes());
   }
-  header.emplace("__metadata__", Value::object({{"swapopt", Value::string(state.metadata)},
-                                                {kChecksumsKey, Value::string(Value::object(std::move(checksums)).dump())}}));
-  std::string text = Value::object(std::move(header)).dump();
+  header["__metadata__"] =
+      Value::object({{"swapopt", state.metadata}, {kChecksumsKey, json::dump(checksums, "the tensor names")}});
+  std::string text = json::dump(header, "the checkpoint header");
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
   std::string out(8, '\0');
   const uint64_t n = text.size();
@@ -100,30 +97,30 @@ StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOp
   StateDict out;
   std::optional<json::Value> checksums;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, entry] : header.as_object("header")) {
+  for (const auto& [name, entry] : json::get_object(header, "header")) {
     if (name == "__metadata__") {
-      for (const auto& [key, value] : entry.as_object("__metadata__"))
+      for (const auto& [key, value] : json::get_object(entry, "__metadata__"))
         SWAPOPT_CHECK(key == "swapopt" || key == kChecksumsKey, "[checkpoint] unknown __metadata__ entry '" << key << "'");
-      out.metadata = entry.at("swapopt", "__metadata__").as_string("__metadata__.swapopt");
-      if (entry.as_object("__metadata__").count(kChecksumsKey) != 0)
-        checksums = json::parse(entry.at(kChecksumsKey, "__metadata__").as_string(kChecksumsKey));
+      out.metadata = json::get_string(json::member(entry, "swapopt", "__metadata__"), "__metadata__.swapopt");
+      if (entry.contains(kChecksumsKey))
+        checksums = json::parse(json::get_string(json::member(entry, kChecksumsKey, "__metadata__"), kChecksumsKey));
       continue;
     }
     const std::string what = "tensor '" + name + "'";
-    const DType dtype = dtype_from_safetensors(entry.at("dtype", what).as_string(what + " dtype"), name);
-    const auto& dims = entry.at("shape", what).as_array(what + " shape");
+    const DType dtype = dtype_from_safetensors(json::get_string(json::member(entry, "dtype", what), what + " dtype"), name);
+    const auto& dims = json::get_array(json::member(entry, "shape", what), what + " shape");
     SWAPOPT_CHECK(int64_t(dims.size()) <= kMaxDims, "[checkpoint] " << what << " has " << dims.size() << " dims");
     Shape shape;
     uint64_t numel = 1;
     for (const json::Value& d : dims) {
-      const int64_t dim = d.as_int(what + " shape");
+      const int64_t dim = json::get_int(d, what + " shape");
       SWAPOPT_CHECK(dim >= 0 && dim <= int64_t(data_size), "[checkpoint] " << what << " has bad dim " << dim);
       shape.push_back(dim);
       numel = dim == 0 ? 0 : (numel > data_size / uint64_t(dim) ? data_size + 1 : numel * uint64_t(dim));
     }
-    const auto& offsets = entry.at("data_offsets", what).as_array(what + " data_offsets");
+    const auto& offsets = json::get_array(json::member(entry, "data_offsets", what), what + " data_offsets");
     SWAPOPT_CHECK(offsets.size() == 2, "[checkpoint] " << what << " needs two data_offsets");
-    const int64_t begin = offsets[0].as_int(what + " data_offsets"), end = offsets[1].as_int(what + " data_offsets");
+    const int64_t begin = json::get_int(offsets[0], what + " data_offsets"), end = json::get_int(offsets[1], what + " data_offsets");
     SWAPOPT_CHECK(begin >= 0 && end >= begin && uint64_t(end) <= data_size,
                   "[checkpoint] " << what << " data_offsets [" << begin << ", " << end << ") outside " << data_size
                                   << " data bytes");
@@ -150,11 +147,11 @@ StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOp
     return out;
   }
   // Every checksum names something the file holds, and everything it holds has one that matches.
-  const auto& stored = checksums->as_object(kChecksumsKey);
+  const auto& stored = json::get_object(*checksums, kChecksumsKey);
   auto check = [&](const std::string& name, const void* bytes, size_t n) {
     const auto it = stored.find(name);
     SWAPOPT_CHECK(it != stored.end(), "[checkpoint] '" << name << "' has no checksum");
-    const int64_t want = it->second.as_int(std::string(kChecksumsKey) + " of '" + name + "'");
+    const int64_t want = json::get_int(it->second, std::string(kChecksumsKey) + " of '" + name + "'");
     const uint32_t got = crc32_of(bytes, n);
     SWAPOPT_CHECK(want == int64_t(got), "[checkpoint] '" << name << "' fails its checksum (stored " << want << ", computed "
                                                          << got << "): the file is corrupt");

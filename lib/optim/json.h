@@ -1,54 +1,38 @@
 #pragma once
-// A small JSON value, writer and strict parser for checkpoint metadata (internal). The parser
-// bounds nesting depth and rejects trailing bytes, so a corrupt header fails with a named error.
+// Checkpoint metadata as JSON (internal): nlohmann-json values, a bounded strict parser and typed
+// reads that name the field, so a corrupt or hand-edited header fails with a named error.
 
 #include <cstdint>
-#include <map>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace swapopt::json {
 
-class Value {
- public:
-  enum class Kind { null, boolean, number, string, array, object };
+/** Objects keep their keys sorted (std::map), so a dump is the same bytes for the same content. */
+using Value = nlohmann::json;
 
-  Value() = default;
-  static Value boolean(bool b);
-  static Value number(double d);
-  static Value string(std::string s);
-  static Value array(std::vector<Value> items = {});
-  static Value object(std::map<std::string, Value> members = {});
-
-  Kind kind() const { return kind_; }
-  /** Typed reads; each throws "[checkpoint] metadata: <what> must be <kind>" on a mismatch. */
-  bool as_bool(const std::string& what) const;
-  double as_number(const std::string& what) const;
-  int64_t as_int(const std::string& what) const;
-  const std::string& as_string(const std::string& what) const;
-  const std::vector<Value>& as_array(const std::string& what) const;
-  const std::map<std::string, Value>& as_object(const std::string& what) const;
-  /** Member `key` of an object; throws naming `what` if absent. */
-  const Value& at(const std::string& key, const std::string& what) const;
-  bool contains(const std::string& key) const;
-
-  std::vector<Value>& items() { return array_; }
-  std::map<std::string, Value>& members() { return object_; }
-
-  std::string dump() const;
-
- private:
-  Kind kind_ = Kind::null;
-  bool bool_ = false;
-  double number_ = 0;
-  std::string string_;
-  std::vector<Value> array_;
-  std::map<std::string, Value> object_;
-};
-
-/** Parses one JSON document; throws swapopt::Error "[checkpoint] bad JSON at byte N: ..." on any fault. */
+/** Parses one JSON document: no trailing bytes, no duplicate key, at most 64 levels of nesting.
+ *  Throws swapopt::Error "[checkpoint] bad JSON at byte N: ..." (or "... bad JSON: ...") on any fault. */
 Value parse(std::string_view text);
+
+/** Compact text of `v`; throws swapopt::Error naming `what` if a string in it is not valid UTF-8. */
+std::string dump(const Value& v, const std::string& what);
+
+/** Whether `text` is valid UTF-8, as every JSON string must be. */
+bool is_utf8(const std::string& text);
+
+/** Typed reads; each throws "[checkpoint] metadata: <what> must be <kind>" on a mismatch. */
+bool get_bool(const Value& v, const std::string& what);
+double get_number(const Value& v, const std::string& what);
+/** An integer, or a number with an integral value within +-2^53. */
+int64_t get_int(const Value& v, const std::string& what);
+const std::string& get_string(const Value& v, const std::string& what);
+const Value::array_t& get_array(const Value& v, const std::string& what);
+const Value::object_t& get_object(const Value& v, const std::string& what);
+
+/** Member `key` of the object `v`; throws "[checkpoint] metadata: <what> has no '<key>'" if absent. */
+const Value& member(const Value& v, const std::string& key, const std::string& what);
 
 }  // namespace swapopt::json

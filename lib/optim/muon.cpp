@@ -268,24 +268,23 @@ void Muon::run_step() {
 std::string Muon::group_options_json(size_t group) const {
   using json::Value;
   const MuonOptions& o = options_.at(group);
-  std::vector<Value> coefficients;
-  for (const NsCoefficients& c : o.ns_coefficients)
-    coefficients.push_back(Value::array({Value::number(c[0]), Value::number(c[1]), Value::number(c[2])}));
-  return Value::object({{"lr", Value::number(o.lr)},
-                        {"weight_decay", Value::number(o.weight_decay)},
-                        {"matched_adamw_rms", Value::number(o.matched_adamw_rms)},
-                        {"momentum", Value::number(o.momentum)},
-                        {"momentum2", o.momentum2 ? Value::number(*o.momentum2) : Value()},
-                        {"nesterov", Value::boolean(o.nesterov)},
-                        {"ns_steps", Value::number(o.ns_steps)},
-                        {"ns_variant", Value::string(o.ns_variant)},
-                        {"ns_coefficients", Value::array(std::move(coefficients))},
-                        {"ns_epsilon", Value::number(o.ns_epsilon)},
-                        {"zero_rms_scale_mode", Value::string(o.zero_rms_scale_mode)},
-                        {"apply_lr_in_update", Value::boolean(o.apply_lr_in_update)},
-                        {"ns_dtype", o.ns_dtype ? Value::string(dtype_name(*o.ns_dtype)) : Value()},
-                        {"max_batch_elements", Value::number(double(o.max_batch_elements))},
-                        {"min_batch_size", Value::number(double(o.min_batch_size))}})
+  Value coefficients = Value::array();
+  for (const NsCoefficients& c : o.ns_coefficients) coefficients.push_back(Value::array({c[0], c[1], c[2]}));
+  return Value::object({{"lr", o.lr},
+                        {"weight_decay", o.weight_decay},
+                        {"matched_adamw_rms", o.matched_adamw_rms},
+                        {"momentum", o.momentum},
+                        {"momentum2", o.momentum2 ? Value(*o.momentum2) : Value()},
+                        {"nesterov", o.nesterov},
+                        {"ns_steps", o.ns_steps},
+                        {"ns_variant", o.ns_variant},
+                        {"ns_coefficients", std::move(coefficients)},
+                        {"ns_epsilon", o.ns_epsilon},
+                        {"zero_rms_scale_mode", o.zero_rms_scale_mode},
+                        {"apply_lr_in_update", o.apply_lr_in_update},
+                        {"ns_dtype", o.ns_dtype ? Value(dtype_name(*o.ns_dtype)) : Value()},
+                        {"max_batch_elements", o.max_batch_elements},
+                        {"min_batch_size", o.min_batch_size}})
       .dump();
 }
 
@@ -296,36 +295,38 @@ Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::st
     static const char* known[] = {"lr", "weight_decay", "matched_adamw_rms", "momentum", "momentum2", "nesterov", "ns_steps",
                                   "ns_variant", "ns_coefficients", "ns_epsilon", "zero_rms_scale_mode",
                                   "apply_lr_in_update", "ns_dtype", "max_batch_elements", "min_batch_size"};
-    for (const auto& [key, value] : v.as_object("Muon options")) {
+    const std::string w = "Muon options";
+    for (const auto& [key, value] : json::get_object(v, w)) {
       bool ok = false;
       for (const char* k : known) ok = ok || key == k;
       SWAPOPT_CHECK(ok, "[Muon] unknown option '" << key << "'");
     }
+    auto field = [&](const std::string& key) -> const json::Value& { return json::member(v, key, w); };
+    auto number = [&](const std::string& key) { return json::get_number(field(key), key); };
+    auto string = [&](const std::string& key) { return json::get_string(field(key), key); };
     MuonOptions o;
-    const std::string w = "Muon options";
-    o.lr = v.at("lr", w).as_number("lr");
-    o.weight_decay = v.at("weight_decay", w).as_number("weight_decay");
-    o.matched_adamw_rms = v.at("matched_adamw_rms", w).as_number("matched_adamw_rms");
-    o.momentum = v.at("momentum", w).as_number("momentum");
-    if (v.at("momentum2", w).kind() != json::Value::Kind::null) o.momentum2 = v.at("momentum2", w).as_number("momentum2");
-    o.nesterov = v.at("nesterov", w).as_bool("nesterov");
-    const int64_t steps = v.at("ns_steps", w).as_int("ns_steps");
+    o.lr = number("lr");
+    o.weight_decay = number("weight_decay");
+    o.matched_adamw_rms = number("matched_adamw_rms");
+    o.momentum = number("momentum");
+    if (!field("momentum2").is_null()) o.momentum2 = number("momentum2");
+    o.nesterov = json::get_bool(field("nesterov"), "nesterov");
+    const int64_t steps = json::get_int(field("ns_steps"), "ns_steps");
     SWAPOPT_CHECK(steps >= 1 && steps <= 1000, "[Muon] ns_steps must be >= 1, got " << steps);
     o.ns_steps = int(steps);
-    o.ns_variant = v.at("ns_variant", w).as_string("ns_variant");
-    for (const json::Value& triple : v.at("ns_coefficients", w).as_array("ns_coefficients")) {
-      const auto& abc = triple.as_array("ns_coefficients triple");
+    o.ns_variant = string("ns_variant");
+    for (const json::Value& triple : json::get_array(field("ns_coefficients"), "ns_coefficients")) {
+      const auto& abc = json::get_array(triple, "ns_coefficients triple");
       SWAPOPT_CHECK(abc.size() == 3, "[Muon] each ns_coefficients triple needs exactly 3 values, got " << abc.size());
-      o.ns_coefficients.push_back({float(abc[0].as_number("coefficient")), float(abc[1].as_number("coefficient")),
-                                   float(abc[2].as_number("coefficient"))});
+      o.ns_coefficients.push_back({float(json::get_number(abc[0], "coefficient")), float(json::get_number(abc[1], "coefficient")),
+                                   float(json::get_number(abc[2], "coefficient"))});
     }
-    o.ns_epsilon = v.at("ns_epsilon", w).as_number("ns_epsilon");
-    o.zero_rms_scale_mode = v.at("zero_rms_scale_mode", w).as_string("zero_rms_scale_mode");
-    o.apply_lr_in_update = v.at("apply_lr_in_update", w).as_bool("apply_lr_in_update");
-    if (v.at("ns_dtype", w).kind() != json::Value::Kind::null)
-      o.ns_dtype = dtype_from_name(v.at("ns_dtype", w).as_string("ns_dtype"));
-    o.max_batch_elements = v.at("max_batch_elements", w).as_int("max_batch_elements");
-    o.min_batch_size = v.at("min_batch_size", w).as_int("min_batch_size");
+    o.ns_epsilon = number("ns_epsilon");
+    o.zero_rms_scale_mode = string("zero_rms_scale_mode");
+    o.apply_lr_in_update = json::get_bool(field("apply_lr_in_update"), "apply_lr_in_update");
+    if (!field("ns_dtype").is_null()) o.ns_dtype = dtype_from_name(string("ns_dtype"));
+    o.max_batch_elements = json::get_int(field("max_batch_elements"), "max_batch_elements");
+    o.min_batch_size = json::get_int(field("min_batch_size"), "min_batch_size");
     o.validate();
     parsed.push_back(std::move(o));
   }

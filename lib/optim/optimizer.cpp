@@ -83,6 +83,8 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
     SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] null parameter");
     SWAPOPT_CHECK(seen.insert(p.get()).second, "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
     SWAPOPT_CHECK(!p->name.empty(), "[" << name_ << "] a parameter has no name (checkpoints name each param's state)");
+    SWAPOPT_CHECK(json::is_utf8(p->name), "[" << name_ << "] parameter name '" << p->name
+                                              << "' is not valid UTF-8 (checkpoints store names as JSON text)");
     SWAPOPT_CHECK(names.insert(p->name).second,
                   "[" << name_ << "] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined() && p->data.is_contiguous(),
@@ -153,27 +155,24 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
 std::string Optimizer::metadata_json() const {
   using json::Value;
   validate_options();  // no non-finite or out-of-range value reaches a checkpoint
-  std::vector<Value> groups;
-  std::vector<Value> param_steps;
-  std::vector<Value> param_names;
+  Value groups = Value::array(), param_steps = Value::array(), param_names = Value::array();
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    std::vector<Value> indices;
+    Value indices = Value::array();
     for (const ParamPtr& p : groups_[g].params) {
-      indices.push_back(Value::number(double(index++)));
-      param_names.push_back(Value::string(p->name));
+      indices.push_back(index++);
+      param_names.push_back(p->name);
       const auto it = state_.find(p.get());
-      param_steps.push_back(Value::number(double(it == state_.end() ? 0 : it->second.step)));
+      param_steps.push_back(it == state_.end() ? int64_t(0) : it->second.step);
     }
-    groups.push_back(Value::object({{"options", json::parse(group_options_json(g))},
-                                    {"step", Value::number(double(groups_[g].step))},
-                                    {"params", Value::array(std::move(indices))}}));
+    groups.push_back(Value::object(
+        {{"options", json::parse(group_options_json(g))}, {"step", groups_[g].step}, {"params", std::move(indices)}}));
   }
-  return Value::object({{"optimizer", Value::string(name_)},
-                        {"groups", Value::array(std::move(groups))},
-                        {"param_steps", Value::array(std::move(param_steps))},
-                        {"param_names", Value::array(std::move(param_names))}})
-      .dump();
+  const Value meta = Value::object({{"optimizer", name_},
+                                    {"groups", std::move(groups)},
+                                    {"param_steps", std::move(param_steps)},
+                                    {"param_names", std::move(param_names)}});
+  return json::dump(meta, "the metadata");
 }
 
 StateDict Optimizer::state_dict() {
@@ -213,17 +212,17 @@ void check_param_names(const std::vector<std::string>& ours, const std::vector<s
 std::function<void()> Optimizer::prepare_load(
     const StateDict& state, std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor) {
   const json::Value meta = json::parse(state.metadata);
-  const std::string& optimizer = meta.at("optimizer", "metadata").as_string("optimizer");
+  const std::string& optimizer = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
     std::vector<std::string> ours, theirs;
     for (const ParamGroup& g : groups_)
       for (const ParamPtr& p : g.params) ours.push_back(p->name);
-    for (const json::Value& v : meta.at("param_names", "metadata").as_array("param_names"))
-      theirs.push_back(v.as_string("param_names"));
+    for (const json::Value& v : json::get_array(json::member(meta, "param_names", "metadata"), "param_names"))
+      theirs.push_back(json::get_string(v, "param_names"));
     check_param_names(ours, theirs);
   }
-  const auto& groups = meta.at("groups", "metadata").as_array("groups");
+  const auto& groups = json::get_array(json::member(meta, "groups", "metadata"), "groups");
   SWAPOPT_CHECK(groups.size() == groups_.size(),
                 "[checkpoint] has " << groups.size() << " param groups, the optimizer " << groups_.size());
   std::vector<const Param*> by_index;
@@ -231,25 +230,25 @@ std::function<void()> Optimizer::prepare_load(
   std::vector<int64_t> group_steps;
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string what = "groups[" + std::to_string(g) + "]";
-    const auto& indices = groups[g].at("params", what).as_array(what + ".params");
+    const auto& indices = json::get_array(json::member(groups[g], "params", what), what + ".params");
     SWAPOPT_CHECK(indices.size() == groups_[g].params.size(), "[checkpoint] group " << g << " has " << indices.size()
                                                                                     << " params, the optimizer's "
                                                                                     << groups_[g].params.size());
     for (size_t i = 0; i < indices.size(); ++i)
-      SWAPOPT_CHECK(indices[i].as_int(what + ".params") == int64_t(by_index.size() + i),
+      SWAPOPT_CHECK(json::get_int(indices[i], what + ".params") == int64_t(by_index.size() + i),
                     "[checkpoint] group " << g << " lists params out of order");
     for (const ParamPtr& p : groups_[g].params) by_index.push_back(p.get());
-    const int64_t step = groups[g].at("step", what).as_int(what + ".step");
+    const int64_t step = json::get_int(json::member(groups[g], "step", what), what + ".step");
     SWAPOPT_CHECK(step >= 0, "[checkpoint] group " << g << " has negative step " << step);
     group_steps.push_back(step);
-    options_json.push_back(groups[g].at("options", what).dump());
+    options_json.push_back(json::member(groups[g], "options", what).dump());
   }
-  const auto& steps = meta.at("param_steps", "metadata").as_array("param_steps");
+  const auto& steps = json::get_array(json::member(meta, "param_steps", "metadata"), "param_steps");
   SWAPOPT_CHECK(steps.size() == by_index.size(),
                 "[checkpoint] has " << steps.size() << " param steps for " << by_index.size() << " params");
   std::vector<int64_t> param_steps;
   for (const json::Value& s : steps) {
-    param_steps.push_back(s.as_int("param_steps"));
+    param_steps.push_back(json::get_int(s, "param_steps"));
     SWAPOPT_CHECK(param_steps.back() >= 0, "[checkpoint] negative param step " << param_steps.back());
   }
   const PreparedOptions options = prepare_group_options(options_json);

@@ -60,31 +60,32 @@ void SwapOptimizerSet::synchronize() {
 StateDict SwapOptimizerSet::state_dict() {
   StateDict out;
   std::string optimizers;
-  std::vector<json::Value> listed;
+  json::Value listed = json::Value::array();
   for (Member& m : members_) {
     StateDict part = m.second->state_dict();
     for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
-    listed.push_back(json::Value::object({{"name", json::Value::string(m.first)}, {"metadata", json::Value::string(part.metadata)}}));
+    listed.push_back(json::Value::object({{"name", m.first}, {"metadata", part.metadata}}));
     optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
   }
-  out.metadata = json::Value::object({{"optimizer", json::Value::string(optimizers)}, {"members", json::Value::array(listed)}}).dump();
+  out.metadata = json::dump(json::Value::object({{"optimizer", optimizers}, {"members", std::move(listed)}}), "the metadata");
   return out;
 }
 
 void SwapOptimizerSet::load_state_dict(const StateDict& state) {
   const json::Value meta = json::parse(state.metadata);
   SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
-                                              << meta.at("optimizer", "metadata").as_string("optimizer")
+                                              << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
                                               << " optimizer, not of a set of optimizers (" << members_.size()
                                               << " members)");
-  const auto& listed = meta.at("members", "metadata").as_array("members");
+  const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
   std::string have, want;
-  for (const json::Value& v : listed) have += (have.empty() ? "" : ", ") + v.at("name", "members[]").as_string("name");
+  for (const json::Value& v : listed) have += (have.empty() ? "" : ", ") + json::get_string(json::member(v, "name", "members[]"), "name");
   for (const Member& m : members_) want += (want.empty() ? "" : ", ") + m.first;
   SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
 
   std::vector<StateDict> parts(members_.size());
-  for (size_t i = 0; i < members_.size(); ++i) parts[i].metadata = listed[i].at("metadata", "members[]").as_string("metadata");
+  for (size_t i = 0; i < members_.size(); ++i)
+    parts[i].metadata = json::get_string(json::member(listed[i], "metadata", "members[]"), "metadata");
   for (const auto& [name, tensor] : state.tensors) {
     const size_t slash = name.find('/');
     bool placed = false;

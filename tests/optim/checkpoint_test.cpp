@@ -107,9 +107,9 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   StateDict other = opt.adamw().state_dict();
   expect_rejected(other, "[checkpoint] holds AdamW state, this optimizer is Muon");
   StateDict bad_option = good;
-  const size_t m = bad_option.metadata.find("\"momentum\":0.94999999999999996");
+  const size_t m = bad_option.metadata.find("\"momentum\":0.95");
   REQUIRE(m != std::string::npos);
-  bad_option.metadata.replace(m, 30, "\"momentum\":1.5");
+  bad_option.metadata.replace(m, 15, "\"momentum\":1.5");
   expect_rejected(bad_option, "[Muon] momentum must be in [0, 1), got 1.5");
 
   std::string bytes = serialize_state_dict(good);
@@ -120,7 +120,7 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
                        "[checkpoint] tensor 'state.1.momentum_buffer' data_offsets [960, 1536) outside 1532 data bytes", Error);
   std::string corrupt = bytes;
   corrupt[8] = 'x';  // first byte of the JSON header
-  CHECK_THROWS_WITH_AS(parse_state_dict(corrupt.data(), corrupt.size()), "[checkpoint] bad JSON at byte 0: unexpected character",
+  CHECK_THROWS_WITH_AS(parse_state_dict(corrupt.data(), corrupt.size()), "[checkpoint] bad JSON at byte 0: syntax error while parsing value - invalid literal; last read: 'x'",
                        Error);
   CHECK_THROWS_WITH_AS(load_state_dict("/nonexistent/x.safetensors"), "[checkpoint] cannot open '/nonexistent/x.safetensors'",
                        Error);
