@@ -72,25 +72,27 @@ void Optimizer::record_step_events() {
 }
 
 void Optimizer::add_group(std::vector<ParamPtr> params) {
-  std::set<const Param*> seen;
-  std::set<std::string> names;  // checkpoints name each param's state by its name
-  for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) {
-      seen.insert(p.get());
-      names.insert(p->name);
-    }
+  // Checked against the params of earlier groups and of this one; nothing changes until all pass.
+  std::unordered_set<const Param*> seen;
+  std::unordered_set<std::string> names;  // checkpoints name each param's state by its name
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] null parameter");
-    SWAPOPT_CHECK(seen.insert(p.get()).second, "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
+    SWAPOPT_CHECK(param_indices_.count(p.get()) == 0 && seen.insert(p.get()).second,
+                  "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
     SWAPOPT_CHECK(!p->name.empty(), "[" << name_ << "] a parameter has no name (checkpoints name each param's state)");
     SWAPOPT_CHECK(json::is_utf8(p->name), "[" << name_ << "] parameter name '" << p->name
                                               << "' is not valid UTF-8 (checkpoints store names as JSON text)");
-    SWAPOPT_CHECK(names.insert(p->name).second,
+    SWAPOPT_CHECK(param_names_.count(p->name) == 0 && names.insert(p->name).second,
                   "[" << name_ << "] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined() && p->data.is_contiguous(),
                   "[" << name_ << "] parameter '" << p->name << "' must be a defined contiguous tensor");
     SWAPOPT_CHECK(p->data.device() == device(), "[" << name_ << "] parameter '" << p->name << "' is on "
                                                     << p->data.device().str() << ", the optimizer on " << device().str());
+  }
+  int64_t index = int64_t(param_indices_.size());
+  for (const ParamPtr& p : params) {
+    param_indices_.emplace(p.get(), index++);
+    param_names_.insert(p->name);
   }
   groups_.push_back({std::move(params), 0});
 }
@@ -131,13 +133,9 @@ void Optimizer::check_step() {
 }
 
 int64_t Optimizer::param_index(const Param* param) const {
-  int64_t index = 0;
-  for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) {
-      if (p.get() == param) return index;
-      ++index;
-    }
-  SWAPOPT_FAIL("[" << name_ << "] parameter is not in this optimizer");
+  const auto it = param_indices_.find(param);
+  SWAPOPT_CHECK(it != param_indices_.end(), "[" << name_ << "] parameter is not in this optimizer");
+  return it->second;
 }
 
 Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {

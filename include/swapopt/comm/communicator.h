@@ -15,8 +15,11 @@ namespace swapopt {
 class Work {
  public:
   virtual ~Work() = default;
+  /** Blocks the host until the collective has completed (NCCL: on the device); throws
+   *  swapopt::Error when it failed or timed out. */
   virtual void wait() = 0;
 };
+/** Shared handle to a collective in flight, as every collective returns it. */
 using WorkPtr = std::shared_ptr<Work>;
 
 /** Ranks 0..size()-1 of one group. Every rank must issue the same collectives in the same order;
@@ -25,7 +28,9 @@ using WorkPtr = std::shared_ptr<Work>;
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  /** This rank's index in the group, in [0, size()). */
   virtual int rank() const = 0;
+  /** Number of ranks in the group. */
   virtual int size() const = 0;
   /** "gloo" or "nccl". */
   virtual std::string backend() const = 0;
@@ -50,12 +55,14 @@ class Communicator {
  *  SWAPOPT_HOSTNAME is the address the other ranks reach this one at (set it across hosts),
  *  SWAPOPT_TIMEOUT_MS the limit on every collective. */
 struct LaunchEnv {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  std::string rendezvous_dir;  // FileStore
-  std::string redis;           // "host:port"; takes precedence over rendezvous_dir
-  std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
+  int rank = 0;        ///< RANK (required): this process's rank among all ranks.
+  int world_size = 1;  ///< WORLD_SIZE (required): the number of ranks.
+  int local_rank = 0;  ///< LOCAL_RANK (default: RANK): the GPU device() picks on this host.
+  std::string rendezvous_dir;  ///< SWAPOPT_RENDEZVOUS: Gloo's FileStore directory
+  std::string redis;           ///< SWAPOPT_REDIS, "host:port"; takes precedence over rendezvous_dir
+  std::string hostname = "127.0.0.1";  ///< SWAPOPT_HOSTNAME: this rank's address for the TCP transport
+  /** SWAPOPT_TIMEOUT_MS (default 30 s): the limit on each collective of make_gloo_communicator's
+   *  communicator and its sub-groups (NCCL takes its own `timeout`). */
   std::chrono::milliseconds timeout{30000};
 
   /** Reads the variables above; throws naming a missing or bad one. */

@@ -12,9 +12,14 @@ class Stream;
 
 /** Byte counters of one allocator. */
 struct MemoryStats {
+  /** Bytes allocated and not yet freed, as requested (before any rounding up for alignment). A
+   *  stream-ordered free counts when deallocate() is called, not when the stream reaches it. */
   size_t current_bytes = 0;
+  /** The highest current_bytes since the allocator was created or reset_peak() last ran. */
   size_t peak_bytes = 0;
+  /** Allocations made; a request for 0 bytes returns null and is not counted. */
   uint64_t allocations = 0;
+  /** Deallocations of non-null pointers. */
   uint64_t frees = 0;
 };
 
@@ -22,10 +27,12 @@ struct MemoryStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  /** Returns at least `nbytes` bytes, 512-byte aligned; `stream` orders the allocation (CUDA) or is ignored. */
+  /** Returns at least `nbytes` bytes, aligned to 256 bytes or more (cudaMalloc's guarantee; 512 on
+   *  the CPU backend); `stream` orders the allocation (CUDA) or is ignored. */
   virtual void* allocate(size_t nbytes, Stream* stream) = 0;
   /** Frees `ptr`; on CUDA the free is ordered after work already enqueued on `stream`. */
   virtual void deallocate(void* ptr, size_t nbytes, Stream* stream) = 0;
+  /** A snapshot of this allocator's counters. */
   virtual MemoryStats stats() const = 0;
   /** Sets peak to current. */
   virtual void reset_peak() = 0;

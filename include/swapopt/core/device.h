@@ -5,17 +5,24 @@
 
 namespace swapopt {
 
+/** The kind of a Device: the host CPU or a CUDA GPU. */
 enum class DeviceType { cpu, cuda };
 
 /** {cpu} or {cuda, index}. Pinned host memory is still Device::cpu(). */
 struct Device {
-  DeviceType type = DeviceType::cpu;
-  int index = 0;  // CUDA ordinal; always 0 for cpu
+  DeviceType type = DeviceType::cpu;  ///< CPU or CUDA.
+  int index = 0;  ///< CUDA ordinal; always 0 for cpu
 
+  /** The host CPU. */
   static Device cpu() { return {DeviceType::cpu, 0}; }
+  /** CUDA device `index`; not checked here against the visible devices (allocators, streams and
+   *  events on a missing device throw). */
   static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  /** True for the host CPU. */
   bool is_cpu() const { return type == DeviceType::cpu; }
+  /** True for a CUDA device. */
   bool is_cuda() const { return type == DeviceType::cuda; }
+  /** Same type and index. */
   bool operator==(const Device&) const = default;
   /** "cpu" or "cuda:N". */
   std::string str() const;

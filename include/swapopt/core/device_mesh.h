@@ -7,17 +7,25 @@
 
 namespace swapopt {
 
+/** Ranks laid out row-major over named mesh dims: global rank r sits at the coordinate whose
+ *  row-major index in `shape` is r. Immutable once built. */
 class DeviceMesh {
  public:
   /** `shape` per mesh dim, `names` one per dim (e.g. {"replicate", "shard"}), `rank` this process's
    *  global rank in [0, product(shape)). */
   DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names, int64_t rank);
 
+  /** Number of mesh dims (at least 1). */
   int64_t ndim() const { return int64_t(shape_.size()); }
+  /** Number of ranks: the product of shape(). */
   int64_t size() const;
+  /** Ranks along mesh dim `dim`; throws std::out_of_range for a dim outside [0, ndim()). */
   int64_t size(int64_t dim) const { return shape_.at(size_t(dim)); }
+  /** Ranks along each mesh dim (each >= 1). */
   const std::vector<int64_t>& shape() const { return shape_; }
+  /** The name of each mesh dim, as given. */
   const std::vector<std::string>& names() const { return names_; }
+  /** This process's global rank. */
   int64_t rank() const { return rank_; }
   /** This rank's index along each mesh dim. */
   const std::vector<int64_t>& coordinate() const { return coordinate_; }

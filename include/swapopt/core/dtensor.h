@@ -17,13 +17,19 @@ class DTensor {
   /** Checks that `local` has exactly the shape these placements give this rank. */
   DTensor(Tensor local, Shape logical_shape, std::shared_ptr<const DeviceMesh> mesh, std::vector<Placement> placements);
 
+  /** This rank's shard (a view sharing the tensor given at construction; may be empty). */
   const Tensor& to_local() const { return local_; }
+  /** The shape of the whole distributed tensor. */
   const Shape& logical_shape() const { return logical_shape_; }
+  /** The mesh the tensor is laid out on. */
   const DeviceMesh& mesh() const { return *mesh_; }
+  /** The mesh, shared (never null). */
   const std::shared_ptr<const DeviceMesh>& mesh_ptr() const { return mesh_; }
+  /** One placement per mesh dim. */
   const std::vector<Placement>& placements() const { return placements_; }
-  /** Mesh dims holding Replicate / Shard placements. */
+  /** Mesh dims holding Replicate placements, ascending. */
   std::vector<int64_t> replicate_dims() const;
+  /** Mesh dims holding Shard placements, ascending. */
   std::vector<int64_t> shard_dims() const;
   /** Offset of this rank's shard in the logical tensor, per tensor dim. */
   Shape local_offset() const;

@@ -120,8 +120,8 @@ SWAPOPT_HOST_DEVICE float propagating_max(float a, float b) { return (a < b || b
 
 /** Muon momentum, SGD form: u = g + m1*buf; buf = m2*buf + g; with nesterov u = m1*u + g. */
 struct MomentumOut {
-  float buf;
-  float update;
+  float buf;     ///< The new momentum buffer: m2*buf + g.
+  float update;  ///< The update u (the Newton-Schulz input).
 };
 SWAPOPT_HOST_DEVICE MomentumOut muon_momentum(float g, float buf, float m1, float m2, bool nesterov) {
   float u = g + m1 * buf;
@@ -131,13 +131,13 @@ SWAPOPT_HOST_DEVICE MomentumOut muon_momentum(float g, float buf, float m1, floa
 
 /** Per-step scalars of AdamW, computed on the host in f64 as torch does, then rounded to f32. */
 struct AdamWScalars {
-  float decay = 1.f;              // 1 - lr * weight_decay
-  float one_minus_beta1 = 0.1f;   // lerp weight of exp_avg
-  float beta2 = 0.999f;
-  float one_minus_beta2 = 0.001f;
-  float bias_correction2_sqrt = 1.f;
-  float eps = 1e-8f;
-  float neg_step_size = -1e-3f;   // -lr / (1 - beta1^step)
+  float decay = 1.f;              ///< 1 - lr * weight_decay: multiplies the param first
+  float one_minus_beta1 = 0.1f;   ///< 1 - beta1: lerp weight of g into exp_avg
+  float beta2 = 0.999f;           ///< Multiplies exp_avg_sq.
+  float one_minus_beta2 = 0.001f; ///< 1 - beta2: weight of g*g added to exp_avg_sq.
+  float bias_correction2_sqrt = 1.f;  ///< sqrt(1 - beta2^step): divides sqrt(exp_avg_sq).
+  float eps = 1e-8f;              ///< Added to the denominator after the bias correction.
+  float neg_step_size = -1e-3f;   ///< -lr / (1 - beta1^step)
 };
 
 /** torch.optim.AdamW's single-tensor update of one element, in its order: p *= decay;

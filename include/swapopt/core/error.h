@@ -10,6 +10,7 @@ namespace swapopt {
 /** Thrown for every failure at the library boundary; what() names the operation and the values. */
 class Error : public std::runtime_error {
  public:
+  /** An error whose what() is `what`. */
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 

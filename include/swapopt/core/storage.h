@@ -11,8 +11,9 @@ namespace swapopt {
 
 class Allocator;
 
-/** Invariants: nbytes never changes; data() is null exactly while released; a borrowed storage
- *  (from_blob) is never freed by swapopt and can be neither released nor restored. */
+/** Invariants: nbytes never changes; data() is null while released (an owned storage of 0 bytes
+ *  has null data() too, but is never released); a borrowed storage (from_blob) is never freed by
+ *  swapopt and can be neither released nor restored. */
 class Storage {
  public:
   /** Allocates `nbytes` from `allocator` (owned). With a `stream`, the allocation and every later
@@ -25,11 +26,17 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  /** The bytes (owned, borrowed or bound); null while released. */
   void* data() const { return ptr_; }
+  /** Size in bytes, fixed at construction (a borrowed storage: the span its view addresses). */
   size_t nbytes() const { return nbytes_; }
+  /** Where the bytes live; pinned host memory is Device::cpu(). */
   Device device() const { return device_; }
+  /** True when swapopt allocated the bytes and frees them; false for borrowed memory (from_blob). */
   bool owned() const { return allocator_ != nullptr; }
+  /** True while the bytes are freed (a shell): after release(), until restore() or bind(). */
   bool released() const { return ptr_ == nullptr && nbytes_ > 0; }
+  /** The allocator that allocates and frees the bytes; null for borrowed memory. */
   Allocator* allocator() const { return allocator_; }
 
   /** Frees the bytes and keeps the size (a "shell"); on CUDA the free is ordered on `stream`

@@ -34,6 +34,7 @@ class Stream {
    *  and destroys it itself. Each wrapper owns a cuBLAS handle (its destruction synchronises the
    *  device): keep it. */
   static Stream borrow(void* native_handle, Device device);
+  /** The device this stream's work runs on. */
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
   void wait(const Event& event);
@@ -43,7 +44,11 @@ class Stream {
   void* native_handle() const;
   /** CPU only: runs `fn` on the worker thread after everything enqueued before it. */
   void enqueue(std::function<void()> fn);
+  /** The backend object behind the handle, for swapopt's backends (StreamImpl is only declared
+   *  in the public headers). */
   StreamImpl& impl() const { return *impl_; }
+  /** True when both handles share one backend object: copies of one Stream. Two borrow()
+   *  wrappers of one CUDA stream are not equal. */
   bool operator==(const Stream& other) const { return impl_ == other.impl_; }
 
  private:
@@ -59,6 +64,7 @@ class Event {
  public:
   /** With `enable_timing`, elapsed_ms() can measure between two such events. */
   explicit Event(Device device, bool enable_timing = false);
+  /** The device given at construction; the event is recorded only on streams of it. */
   Device device() const;
   /** Marks the current end of `stream`'s queue; replaces any earlier record. */
   void record(Stream& stream);
@@ -69,6 +75,8 @@ class Event {
   /** Milliseconds from `start` completing to this event completing; both timing events, recorded
    *  and complete (synchronize first). */
   double elapsed_ms(const Event& start) const;
+  /** The backend object behind the handle, for swapopt's backends (EventImpl is only declared
+   *  in the public headers). */
   EventImpl& impl() const { return *impl_; }
 
  private:
@@ -78,9 +86,10 @@ class Event {
 
 /** Counts of stream and event handles created so far, to assert that hot paths create none. */
 struct HandleStats {
-  uint64_t streams_created = 0;
-  uint64_t events_created = 0;
+  uint64_t streams_created = 0;  ///< Streams created by Stream(Device); borrow() wrappers do not count.
+  uint64_t events_created = 0;   ///< Events created, timing or not.
 };
+/** The process-wide counts so far (every thread's). */
 HandleStats handle_stats();
 
 }  // namespace swapopt

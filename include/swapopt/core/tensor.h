@@ -14,6 +14,7 @@ namespace swapopt {
 
 class Stream;
 
+/** Sizes per dim (also used for strides and offsets, in elements). */
 using Shape = std::vector<int64_t>;
 
 /** "[3, 517]". */
@@ -39,7 +40,9 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device device, Stream* stream = nullptr);
   /** Zero-filled contiguous tensor (synchronous). */
   static Tensor zeros(const Shape& shape, DType dtype, Device device);
+  /** empty() with `other`'s shape, dtype and device (contiguous, synchronous: no stream). */
   static Tensor empty_like(const Tensor& other);
+  /** zeros() with `other`'s shape, dtype and device (contiguous). */
   static Tensor zeros_like(const Tensor& other);
   /** Wraps trainer-owned memory without owning it; the caller keeps `ptr` alive. */
   static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device);
@@ -48,26 +51,39 @@ class Tensor {
   /** A contiguous tensor on `storage` at element `offset`; used to carve views of one arena. */
   static Tensor on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype);
 
+  /** False for a default-constructed tensor (no storage). */
   bool defined() const { return storage_ != nullptr; }
+  /** Size of each dim. */
   const Shape& shape() const { return shape_; }
+  /** Stride of each dim, in elements. */
   const Shape& strides() const { return strides_; }
+  /** Number of dims (0 for a scalar). */
   int64_t dim() const { return int64_t(shape_.size()); }
   /** Size of dim `d`; negative d counts from the end. */
   int64_t size(int64_t d) const;
+  /** Elements from the start of the storage to element 0. */
   int64_t offset() const { return offset_; }
+  /** Element type of the storage. */
   DType dtype() const { return dtype_; }
+  /** The storage's device; Device::cpu() for an undefined tensor. */
   Device device() const;
+  /** Number of elements: the product of the shape (1 for a scalar). */
   int64_t numel() const { return shape_numel(shape_); }
+  /** Bytes per element of dtype(). */
   size_t element_size() const { return dtype_size(dtype_); }
   /** Logical bytes: numel * element_size. */
   size_t nbytes() const { return size_t(numel()) * element_size(); }
+  /** Row-major dense: each stride is the product of the later dims' sizes (a dim of size 1 may
+   *  have any stride). */
   bool is_contiguous() const;
+  /** The shared storage; null for an undefined tensor. */
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   /** True while the storage is released (a shell). */
   bool is_released() const { return storage_ && storage_->released(); }
 
   /** Address of element 0; throws when the storage is released. */
   void* data_ptr() const;
+  /** data_ptr() as a T*; T is not checked against dtype(). */
   template <typename T>
   T* data() const { return static_cast<T*>(data_ptr()); }
 
@@ -90,7 +106,8 @@ class Tensor {
   Tensor clone() const;
   /** Host values as float (synchronous copy for device tensors); for tests and small reads. */
   std::vector<float> to_float_vector() const;
-  /** A contiguous CPU tensor of `dtype` holding `values` rounded to it. */
+  /** A contiguous tensor of `dtype` on `device` holding `values` rounded to it (built on the CPU,
+   *  then copied synchronously as to() does). */
   static Tensor from_floats(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32,
                             Device device = Device::cpu());
 

@@ -8,24 +8,43 @@
 
 namespace swapopt {
 
+/** One group's AdamW options; the defaults are torch.optim.AdamW's. */
 struct AdamWOptions {
+  /** Step size: the update is -lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) /
+   *  sqrt(1 - beta2^step) + eps). Finite, >= 0. */
   double lr = 1e-3;
+  /** Decay rate of exp_avg (the first moment), in [0, 1). */
   double beta1 = 0.9;
+  /** Decay rate of exp_avg_sq (the second moment), in [0, 1). */
   double beta2 = 0.999;
+  /** Added to the bias-corrected sqrt(exp_avg_sq) in the denominator; finite, >= 0. */
   double eps = 1e-8;
+  /** Decoupled decay: each step first multiplies the param by 1 - lr * weight_decay. Finite,
+   *  >= 0. */
   double weight_decay = 1e-2;
+  /** Keep max_exp_avg_sq, the running max of exp_avg_sq, and divide by its root instead. */
   bool amsgrad = false;
 
   /** Throws "[AdamW] <option> ..." for the first bad value. */
   void validate() const;
 };
 
+/** AdamW over param groups, each with its own options. Every param gets f32 exp_avg and
+ *  exp_avg_sq (and max_exp_avg_sq with amsgrad) at its first update, and its own step count. */
 class AdamW : public Optimizer {
  public:
+  /** `stream` runs every update; params, grads and state live on its device. */
   explicit AdamW(Stream stream);
 
+  /** Adds a group with `options`; throws "[AdamW] ..." for a bad option or param (null, already
+   *  in a group, a missing, non-UTF-8 or duplicate name, data not contiguous or on another
+   *  device). */
   void add_param_group(std::vector<ParamPtr> params, AdamWOptions options = {});
+  /** Group `group`'s options; throws std::out_of_range for a bad index. */
   const AdamWOptions& options(size_t group) const { return options_.at(group); }
+  /** Group `group`'s options, to change in place: checked only by the next step() or checkpoint
+   *  save, which throw for a bad value (set_options() checks at once). Throws std::out_of_range
+   *  for a bad index. */
   AdamWOptions& mutable_options(size_t group) { return options_.at(group); }
   /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
   void set_options(size_t group, const AdamWOptions& options);

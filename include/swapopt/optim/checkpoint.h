@@ -11,9 +11,11 @@ namespace swapopt {
 
 /** Tensors are named "state.<param_index>.<key>" (param_index counts over all groups in order) and
  *  live on the host; `metadata` is JSON: {"optimizer", "groups": [{"options", "step", "params"}],
- *  "param_steps"}. */
+ *  "param_steps", "param_names"} ("param_names" absent in files written before swapopt 0.3). */
 struct StateDict {
+  /** The state tensors by name, on the host. */
   std::map<std::string, Tensor> tensors;
+  /** The metadata JSON text. */
   std::string metadata;
 };
 

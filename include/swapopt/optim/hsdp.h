@@ -14,6 +14,7 @@
 
 namespace swapopt {
 
+/** Options of Muon::enable_hsdp. */
 struct HsdpOptions {
   /** Soft cap of an assignment's logical bytes, per replica (the cap is cap_bytes x replicas). */
   int64_t cap_bytes = 512LL << 20;
@@ -37,22 +38,25 @@ struct HsdpOptions {
 /** One batch of one group's params of one communication domain (the same replicate and shard
  *  mesh dims). */
 struct HsdpAssignment {
-  size_t group = 0;
-  std::vector<Param*> params;    // in schedule order
-  std::vector<int64_t> owners;   // replica (coordinate within this rank's block) updating params[i]
-  std::vector<int64_t> ns_ranks;  // rank of the shard group computing Newton-Schulz of params[i]
-  int64_t local_coordinate = 0;  // this rank's replica coordinate within its block
+  size_t group = 0;  ///< The optimizer's param group the params belong to.
+  std::vector<Param*> params;    ///< in schedule order (largest logical numel first)
+  std::vector<int64_t> owners;   ///< replica (coordinate within this rank's block) updating params[i]
+  std::vector<int64_t> ns_ranks;  ///< rank of the shard group computing Newton-Schulz of params[i] (0 unsharded)
+  int64_t local_coordinate = 0;  ///< this rank's replica coordinate within its block
   /** This rank's replica block: owners broadcast their updated local params here. Null when the
    *  block is one rank. */
   std::shared_ptr<Communicator> replicas;
-  /** Sharded params only: the ranks holding the other shards (this rank's shard group), and the
-   *  mesh coordinate of each of its ranks. */
+  /** Sharded params only: the ranks holding the other shards (this rank's shard group). Null
+   *  when the params are not split across ranks. */
   std::shared_ptr<Communicator> shards;
+  /** With `shards`: the mesh coordinate of each of its ranks, by rank there; empty otherwise. */
   std::vector<std::vector<int64_t>> shard_coordinates;
 
+  /** Whether the params are split across ranks (`shards` is set). */
   bool sharded() const { return shards != nullptr; }
   /** The params this rank updates (a sharded param: its local shard). */
   std::vector<Param*> owned() const;
+  /** Whether this rank updates `param`: it is in `params` and its owner is local_coordinate. */
   bool owns(const Param* param) const;
   /** Logical bytes of every param (rank-independent partition cost). */
   int64_t logical_bytes() const;

@@ -13,12 +13,15 @@
 
 namespace swapopt {
 
+/** The sub-group communicators of one device mesh (Muon's HSDP holds one), created on demand
+ *  from the world communicator and cached by (dims, block). */
 class MeshGroups {
  public:
   /** `world` holds every rank of `mesh` (world rank == mesh rank); `name` must be unique per
    *  MeshGroups of one job: it prefixes every sub-group's rendezvous. */
   MeshGroups(std::shared_ptr<Communicator> world, std::shared_ptr<const DeviceMesh> mesh, std::string name);
 
+  /** The mesh given at construction. */
   const DeviceMesh& mesh() const { return *mesh_; }
   /** Every rank of the mesh. */
   Communicator& world() { return *world_; }

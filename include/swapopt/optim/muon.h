@@ -17,17 +17,27 @@ namespace swapopt {
 
 /** Defaults are the reference system's. */
 struct MuonOptions {
+  /** Learning rate: the param gets -lr * scale * (orthogonalised update), scale from
+   *  matched_adamw_rms. Finite, >= 0. */
   double lr = 2e-2;
+  /** Decoupled decay: the param is multiplied by 1 - lr * weight_decay as the update is added.
+   *  Finite, >= 0. */
   double weight_decay = 0.1;
   /** Update RMS matched to AdamW's: scale = sqrt(max(rows, cols)) * matched_adamw_rms. */
   double matched_adamw_rms = 0.2;
   /** m1: weight of the old buffer in the update; m2: in the new buffer (the pair form). */
   double momentum = 0.95;
-  std::optional<double> momentum2;  // unset: m2 = momentum
+  std::optional<double> momentum2;  ///< m2, in [0, 1); unset: m2 = momentum
+  /** Nesterov: the update becomes m1 * u + g (u = g + m1 * buf, the old buffer). */
   bool nesterov = true;
+  /** Newton-Schulz iterations, >= 1; at most 5 for asym5 and polar_express, at most the number
+   *  of ns_coefficients for custom. */
   int ns_steps = 5;
-  std::string ns_variant = "asym5";  // legacy | asym5 | polar_express | custom
-  std::vector<NsCoefficients> ns_coefficients;  // custom only
+  /** Coefficient schedule (see ns_schedule): "legacy", "asym5", "polar_express" or "custom". */
+  std::string ns_variant = "asym5";
+  /** The (a, b, c) triples of "custom", one per step; must be empty for the other variants. */
+  std::vector<NsCoefficients> ns_coefficients;
+  /** eps of the Newton-Schulz normalisation X / (||X||_F * norm_scale + eps); finite, >= 0. */
   double ns_epsilon = 1e-10;
   /** With matched_adamw_rms == 0: "zero" gives scale 0 (decay only), "use_lr" gives scale 1. */
   std::string zero_rms_scale_mode = "zero";
@@ -35,23 +45,26 @@ struct MuonOptions {
   bool apply_lr_in_update = false;
   /** Working dtype of Newton-Schulz: unset = f32 on the CPU, bf16 on CUDA (the reference's). */
   std::optional<DType> ns_dtype;
-  /** Memory-safe batches: at most max_batch_elements / shard_size elements, and a batch closes
-   *  only once it holds min_batch_size params. */
+  /** Memory-safe batches: a param whose logical elements would take a batch past
+   *  max(1, max_batch_elements / shard_size) starts the next batch, once the current one holds
+   *  min_batch_size params (so one large param, or min_batch_size, can exceed it). >= 1. */
   int64_t max_batch_elements = 512LL * 1024 * 1024;
+  /** The fewest params a memory-safe batch holds before max_batch_elements may close it; >= 1. */
   int64_t min_batch_size = 1;
 
   /** Throws "[Muon] <option> ..." for the first bad value. */
   void validate() const;
+  /** m2: momentum2 when set, else momentum. */
   double m2() const { return momentum2.value_or(momentum); }
 };
 
 /** What post_update_fn learns about the update it follows. */
 struct PostUpdateContext {
-  std::string name;
-  Shape logical_shape;
-  double lr;
-  double weight_decay;
-  int64_t step;
+  std::string name;        ///< The param's name.
+  Shape logical_shape;     ///< The param's full shape (its DTensor's logical shape, or its own).
+  double lr;               ///< The group's lr used by this update.
+  double weight_decay;     ///< The group's weight_decay used by this update.
+  int64_t step;            ///< The group's step count, this step included (1 after the first).
 };
 
 /** Replace parts of the math. Each runs on the host and must enqueue its work on `stream`. */
@@ -68,29 +81,41 @@ struct MuonHooks {
 
 /** The last two dims of a Muon param, with [A, 1, B] read as (A, B); `count` matrices of rows x cols. */
 struct CoreShape {
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t count = 0;
+  int64_t rows = 0;   ///< Rows of each matrix (the second-to-last dim; A for [A, 1, B]).
+  int64_t cols = 0;   ///< Columns of each matrix (the last dim).
+  int64_t count = 0;  ///< Matrices: the product of the leading dims (1 for [A, 1, B]; 0 when rows or cols is 0).
+  /** Same rows, cols and count. */
   bool operator==(const CoreShape&) const = default;
 };
+/** The core shape of `shape`; throws for fewer than 2 dims. */
 CoreShape core_shape(const Shape& shape);
 
 /** Device bytes Newton-Schulz on the matrices of `cs` allocates with `element_size`-byte elements,
  *  its stacked input included: 2 B m n + 2 B k^2 elements (k = min(m, n)) plus B f32 norms. */
 int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size);
 
+/** Muon over param groups of matrices, each group with its own options: a momentum_buffer per
+ *  param (in the param's dtype), Newton-Schulz of each matrix's update, decoupled weight decay;
+ *  with enable_hsdp(), across the ranks of a device mesh. */
 class Muon : public Optimizer {
  public:
+  /** `stream` runs every update (params, grads and state live on its device); `hooks` replace
+   *  parts of the math. */
   explicit Muon(Stream stream, MuonHooks hooks = {});
 
   /** Adds a group; every param must be at least 2-D: "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon". */
   void add_param_group(std::vector<ParamPtr> params, MuonOptions options = {});
+  /** Group `group`'s options; throws std::out_of_range for a bad index. */
   const MuonOptions& options(size_t group) const { return options_.at(group); }
+  /** Group `group`'s options, to change in place: checked only by the next step() or checkpoint
+   *  save, which throw for a bad value (set_options() checks at once). Throws std::out_of_range
+   *  for a bad index. */
   MuonOptions& mutable_options(size_t group) { return options_.at(group); }
   /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
   void set_options(size_t group, const MuonOptions& options);
   double lr(size_t group) const override { return options_.at(group).lr; }
   void set_lr(double lr) override;
+  /** The hooks given at construction. */
   const MuonHooks& hooks() const { return hooks_; }
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
@@ -111,10 +136,12 @@ class Muon : public Optimizer {
    *  matrix and broadcasts the update in the shard group, and every rank applies its slice. Only
    *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
+  /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }
   /** Every assignment in schedule order: for each assignment index, each group, each domain (the
    *  same order on every rank). Empty without HSDP. */
   const std::vector<HsdpAssignment>& hsdp_schedule() const { return schedule_; }
+  /** The options enable_hsdp() took (validated); default values without HSDP. */
   const HsdpOptions& hsdp_options() const { return hsdp_options_; }
   /** False for a param HSDP gives to another replica: loading a checkpoint skips its state. */
   bool keeps_state(const Param& param) const override;

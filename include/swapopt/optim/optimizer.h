@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "swapopt/core/stream.h"
@@ -14,17 +16,27 @@ namespace swapopt {
 
 /** Parameters that share options; `step` counts the optimizer steps taken by the group. */
 struct ParamGroup {
+  /** The group's params in the order added; checkpoints index params over all groups in order. */
   std::vector<ParamPtr> params;
+  /** Steps the group has taken: each step that runs adds 1 to every group before any update (a
+   *  skipped step does not count). The schedule gets the first group's step + 1. */
   int64_t step = 0;
 };
 
 /** Named state tensors of one parameter (e.g. "momentum_buffer"), and a per-parameter step count
  *  for optimizers that keep one (AdamW's bias correction). */
 struct ParamState {
+  /** State tensors by key, on the optimizer's device in state_dtype(); under swap, shells whose
+   *  bytes live in the host mirrors between steps. */
   std::map<std::string, Tensor> tensors;
+  /** Updates of this param (AdamW's bias-correction step, advanced by update_param); Muon leaves
+   *  it 0. */
   int64_t step = 0;
 };
 
+/** Base of Muon and AdamW: param groups, per-param state, the step() contract with its events,
+ *  schedules, non-finite skipping and checkpoints. A subclass adds its options per group and
+ *  implements the pure virtual members (the update is run_step()). */
 class Optimizer {
  public:
   /** `stream` runs every update; its device is where params, grads and state live. */
@@ -36,9 +48,14 @@ class Optimizer {
 
   /** "Muon" or "AdamW": the name checkpoints carry. */
   const std::string& name() const { return name_; }
+  /** The stream given at construction: every update is enqueued on it. */
   Stream& stream() { return stream_; }
+  /** stream()'s device: where params, grads and state live. */
   Device device() const { return stream_.device(); }
+  /** The groups, in the order added (the index is the `group` of options() and lr()). Changes
+   *  made here (the swap adapters advance `step`) bypass add_param_group's checks. */
   std::vector<ParamGroup>& param_groups() { return groups_; }
+  /** The groups, in the order added. */
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   /** State by parameter; a parameter never stepped with a gradient has none. */
   std::map<const Param*, ParamState>& state() { return state_; }
@@ -73,6 +90,7 @@ class Optimizer {
    *  sync per step); if it finds one (on any rank, under HSDP), the whole step is skipped: nothing
    *  changes, step counters included, and last_step_skipped() says so. The schedule has run. */
   void set_skip_nonfinite(bool on) { skip_nonfinite_ = on; }
+  /** Whether steps skip on a non-finite grad (set_skip_nonfinite; off by default). */
   bool skip_nonfinite() const { return skip_nonfinite_; }
   /** Whether the last step() was skipped for a non-finite grad. */
   bool last_step_skipped() const { return last_step_skipped_; }
@@ -145,7 +163,11 @@ class Optimizer {
   /** What prepare_group_options found: the change that applies the options once the whole
    *  checkpoint is known to be good, and the state keys each group uses with them. */
   struct PreparedOptions {
+    /** Replaces every group's options with the parsed ones; prepare_load's change runs it only
+     *  once the whole checkpoint has passed its checks. */
     std::function<void()> apply;
+    /** Per group, the state keys it uses with the parsed options (what group_state_keys() will
+     *  return after `apply`); a checkpoint tensor of another key is rejected. */
     std::vector<std::vector<std::string>> group_state_keys;
   };
   /** Parses and checks every group's options JSON as the constructor would (throws, changing
@@ -163,21 +185,42 @@ class Optimizer {
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
 
+  /** The family name given at construction ("Muon", "AdamW"): checkpoints carry it and errors
+   *  start with "[name]". */
   std::string name_;
+  /** The stream every update is enqueued on (stream()). */
   Stream stream_;
+  /** The param groups (param_groups()); add_group() appends one, the subclass keeps its options
+   *  at the same index. */
   std::vector<ParamGroup> groups_;
+  /** State by param (state()); state_tensor() creates entries, load_state_dict() replaces them. */
   std::map<const Param*, ParamState> state_;
+  /** Whether a SwapOptimizer wraps this optimizer (wrapped(), set_wrapped()). */
   bool wrapped_ = false;
+  /** The schedule set_schedule() gave; empty: none. apply_schedule() calls it. */
   std::function<void(int64_t)> schedule_;
+  /** set_skip_nonfinite()'s flag. */
   bool skip_nonfinite_ = false;
+  /** What last_step_skipped() returns; set by skip_this_step() (and by the wrappers that step
+   *  several optimizers as one, so all of them skip together). */
   bool last_step_skipped_ = false;
+  /** grads_read(): recorded on stream_ by record_step_events(). */
   Event grads_read_;
+  /** params_updated(): recorded on stream_ by record_step_events(). */
   Event params_updated_;
   /** Grads zero_grad() dropped, held until stream() passes `retired_mark_`. */
   std::vector<Tensor> retired_grads_;
+  /** Recorded on stream_ by the zero_grad() that last dropped grads: once it completes, no queued
+   *  work reads `retired_grads_` any more. */
   Event retired_mark_;
   /** Drops the retired grads once stream() has passed their mark. */
   void release_retired_grads();
+
+ private:
+  /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
+  std::unordered_map<const Param*, int64_t> param_indices_;
+  /** Every param's name, kept by add_group() to refuse a duplicate. */
+  std::unordered_set<std::string> param_names_;
 };
 
 }  // namespace swapopt

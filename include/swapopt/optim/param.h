@@ -14,16 +14,24 @@ namespace swapopt {
  *  parameter is skipped and gets no state). For a distributed parameter, `data` is the local shard
  *  and `layout` its DTensor (mesh, placements, logical shape). */
 struct Param {
+  /** Non-empty, valid UTF-8 and unique within an optimizer: checkpoints name and check state by
+   *  it. */
   std::string name;
+  /** The values (a distributed param: this rank's shard); defined, contiguous and on the
+   *  optimizer's device. step() updates it in place. */
   Tensor data;
+  /** The gradient: data's shape, contiguous, on its device, any dtype; undefined: none. */
   Tensor grad;
+  /** The DTensor of a distributed param (its shard is `data`); unset for a local one. */
   std::optional<DTensor> layout;
 
   /** The full shape: the DTensor's logical shape, or data's shape. */
   const Shape& logical_shape() const { return layout ? layout->logical_shape() : data.shape(); }
+  /** Whether grad is defined: the param takes part in the next step. */
   bool has_grad() const { return grad.defined(); }
 };
 
+/** How optimizers hold params: shared with the trainer, which sets the grads through it. */
 using ParamPtr = std::shared_ptr<Param>;
 
 /** A named parameter holding `data` (no gradient yet). */

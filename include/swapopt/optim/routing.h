@@ -13,20 +13,23 @@ namespace swapopt {
 
 /** Where a parameter goes. */
 enum class Route { muon, adamw_decay, adamw_no_decay };
+/** "muon", "adamw" or "adamw (no decay)", as routing_report() prints it. */
 const char* route_name(Route route);
 
 /** Params `matches` accepts go to `route`; `why` says so in the routing report. */
 struct RoutingRule {
-  std::string why;
-  std::function<bool(const Param&)> matches;
-  Route route = Route::adamw_decay;
+  std::string why;  ///< The reason the routing report shows, e.g. "an embedding".
+  std::function<bool(const Param&)> matches;  ///< The predicate; an empty function matches nothing.
+  Route route = Route::adamw_decay;  ///< Where a matched param goes.
 };
 
 /** Predicates for rules: a dot-separated component of the name equal to one of `components`; the
  *  first component equal to one of them; fewer than `ndim` dims. Whole components, never
  *  substrings: "multihead_proj" is not "head". */
 std::function<bool(const Param&)> has_name_component(std::vector<std::string> components);
+/** Predicate: the first dot-separated component of the name is one of `components`. */
 std::function<bool(const Param&)> first_name_component(std::vector<std::string> components);
+/** Predicate: the param's logical shape has fewer than `ndim` dims. */
 std::function<bool(const Param&)> ndim_below(int64_t ndim);
 
 /** The reference trainer's routing, in order: 1-D params (norm scales, biases) and biases to AdamW
@@ -37,21 +40,24 @@ std::vector<RoutingRule> default_routing_rules();
 
 /** Rules checked in order, the first match decides; a param no rule matches goes to Muon. */
 struct RoutingRules {
+  /** The rules, checked in order; default_routing_rules() unless replaced (empty: every param to
+   *  Muon). */
   std::vector<RoutingRule> rules = default_routing_rules();
 };
 
 /** Where one param went and which rule sent it. */
 struct RoutingDecision {
-  std::string param;
-  Route route;
-  std::string why;
+  std::string param;  ///< The param's name.
+  Route route;        ///< Where it went.
+  std::string why;    ///< The matching rule's `why`, or "no rule matched" (Muon).
 };
 
+/** What route_params() returns: the params by route, each list in input order. */
 struct RoutedParams {
-  std::vector<ParamPtr> muon;             // ndim >= 2, matched by no rule
-  std::vector<ParamPtr> adamw_decay;      // e.g. embeddings, heads
-  std::vector<ParamPtr> adamw_no_decay;   // e.g. 1-D params and biases
-  std::vector<RoutingDecision> decisions;  // one per param, in order
+  std::vector<ParamPtr> muon;             ///< ndim >= 2, matched by no rule
+  std::vector<ParamPtr> adamw_decay;      ///< e.g. embeddings, heads
+  std::vector<ParamPtr> adamw_no_decay;   ///< e.g. 1-D params and biases
+  std::vector<RoutingDecision> decisions;  ///< one per param, in order
   /** routing_report(decisions). */
   std::string report() const;
 };
@@ -73,16 +79,22 @@ class MuonWithAdamW {
   void step();
   /** Both halves share one stream, so AdamW's events (recorded last) cover the whole step. */
   const Event& grads_read() const { return adamw_->grads_read(); }
+  /** Completes when the last step() has written every param (AdamW's event, as grads_read()). */
   const Event& params_updated() const { return adamw_->params_updated(); }
+  /** Blocks the host until everything enqueued on the shared stream is done. */
   void synchronize() {
     muon_->synchronize();
     adamw_->synchronize();
   }
+  /** Drops every param's grad, in both halves (Optimizer::zero_grad). */
   void zero_grad() {
     muon_->zero_grad();
     adamw_->zero_grad();
   }
+  /** The Muon half: one group of the params routed to Muon (no group when there are none). */
   Muon& muon() { return *muon_; }
+  /** The AdamW half: the decay group, then the no-decay group (weight_decay 0); a route with no
+   *  params has no group. */
   AdamW& adamw() { return *adamw_; }
   /** Where each param went and why (route_params' decisions). */
   const std::vector<RoutingDecision>& routing() const { return routing_; }

@@ -6,9 +6,12 @@
 
 namespace swapopt {
 
+/** The StateSwapAdapter of AdamW (see swap_adamw()). */
 class AdamWSwapAdapter : public StateSwapAdapter {
  public:
+  /** Adapts `adamw`, which must outlive the adapter. */
   explicit AdamWSwapAdapter(AdamW& adamw) : adamw_(adamw) {}
+  /** The AdamW given at construction. */
   Optimizer& optimizer() override { return adamw_; }
   std::vector<std::string> family_state_keys() const override { return adamw_.state_keys(); }
   void validate(const SwapConfig&) const override {}

@@ -6,9 +6,12 @@
 
 namespace swapopt {
 
+/** The StateSwapAdapter of Muon (see swap_muon()). */
 class MuonSwapAdapter : public StateSwapAdapter {
  public:
+  /** Adapts `muon`, which must outlive the adapter. */
   explicit MuonSwapAdapter(Muon& muon) : muon_(muon) {}
+  /** The Muon given at construction. */
   Optimizer& optimizer() override { return muon_; }
   std::vector<std::string> family_state_keys() const override { return {"momentum_buffer"}; }
   /** Rejects momentum_update_fn: batching would change the boundary of its calls. */

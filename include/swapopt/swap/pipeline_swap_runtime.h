@@ -20,13 +20,14 @@ namespace swapopt {
 
 /** What one swapped step did; read through PipelineSwapRuntime::last_report(). */
 struct SwapStepReport {
-  int batches = 0;
+  int batches = 0;  ///< Batches the step ran (0 when skipped or when it had no units).
+  /** Bytes copied host to device, an early prefetch's included (also one that was redone). */
   size_t h2d_bytes = 0;
-  size_t d2h_bytes = 0;
+  size_t d2h_bytes = 0;  ///< Bytes copied device to host.
   /** Copies issued each way: packed, one per run of adjacent slots per dtype in a batch (one per
    *  dtype and batch when every grad is present); unpacked, one per slot. */
   size_t h2d_copies = 0;
-  size_t d2h_copies = 0;
+  size_t d2h_copies = 0;  ///< The same count for the device-to-host copies.
   /** Slots (state tensors) the step brought to the device and back. */
   size_t swapped_slots = 0;
   /** Bytes of all swapped state (the pinned mirrors' contents): device memory it would take
@@ -47,6 +48,9 @@ struct SwapStepReport {
   bool skipped_nonfinite = false;
 };
 
+/** The swap machinery of one SwapOptimizer: owns the pinned mirrors and the slots, cuts each
+ *  step's units into batches and brings each batch's state to the device for its run and back
+ *  after it, double-buffered on its copy stream. */
 class PipelineSwapRuntime {
  public:
   /** `compute` runs the optimizer math; the runtime creates its copy stream and events here,
@@ -56,8 +60,11 @@ class PipelineSwapRuntime {
   PipelineSwapRuntime(const PipelineSwapRuntime&) = delete;
   PipelineSwapRuntime& operator=(const PipelineSwapRuntime&) = delete;
 
+  /** The config given at construction (validated there). */
   const SwapConfig& config() const { return config_; }
+  /** The stream the optimizer math runs on (the optimizer's). */
   Stream& compute_stream() { return compute_; }
+  /** The runtime's own stream for the H2D and D2H copies, on the compute stream's device. */
   Stream& copy_stream() { return copy_; }
 
   /** Allocates the pinned mirrors of `layout` (one buffer per dtype, slots 64-byte aligned, in
@@ -67,6 +74,7 @@ class PipelineSwapRuntime {
   void build(const std::vector<SlotSpec>& layout, Optimizer& optimizer);
   /** The slot of (param, key), or null when that state is not swapped. */
   SwapSlot* find_slot(const Param* param, const std::string& key) const;
+  /** Every slot, in the order of build()'s layout (empty before build()). */
   const std::vector<std::unique_ptr<SwapSlot>>& slots() const { return slots_; }
   /** Fills each unit's slots with those of the keys its group uses (Optimizer::group_state_keys).
    *  With `create`, slots whose state does not exist yet are attached too and created host-side
@@ -112,8 +120,9 @@ class PipelineSwapRuntime {
   /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
   void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
 
-  /** Pinned bytes held for mirrors, and the bytes of the slots they hold. */
+  /** Pinned bytes held for mirrors (slots' bytes plus their 64-byte alignment padding). */
   size_t pinned_bytes() const;
+  /** The bytes of every slot (created or not), without padding. */
   size_t slot_bytes() const;
 
  private:

@@ -12,9 +12,11 @@
 
 namespace swapopt {
 
+/** The interface a SwapOptimizer drives; MuonSwapAdapter and AdamWSwapAdapter implement it. */
 class StateSwapAdapter {
  public:
   virtual ~StateSwapAdapter() = default;
+  /** The optimizer whose state is swapped (not owned: it outlives the adapter). */
   virtual Optimizer& optimizer() = 0;
   /** Every state key of the family, e.g. {"momentum_buffer"}. */
   virtual std::vector<std::string> family_state_keys() const = 0;

@@ -11,6 +11,8 @@
 
 namespace swapopt {
 
+/** Wraps one optimizer (through its StateSwapAdapter) so that its state lives in pinned host
+ *  mirrors between steps and reaches the device a batch of update units at a time. */
 class SwapOptimizer {
  public:
   /** Validates `config` and the adapter, allocates the pinned mirrors (once) and offloads any
@@ -51,8 +53,11 @@ class SwapOptimizer {
   /** The report of the last step that has completed; never waits, so logging it costs no sync
    *  (after synchronize(), the last step's). */
   SwapStepReport last_report() { return runtime_.last_report(); }
+  /** The wrapped optimizer. */
   Optimizer& optimizer() { return adapter_->optimizer(); }
+  /** The adapter given at construction (owned by this wrapper). */
   StateSwapAdapter& adapter() { return *adapter_; }
+  /** The swap pipeline: mirrors, slots, copy stream and reports. */
   PipelineSwapRuntime& runtime() { return runtime_; }
   /** The state keys being swapped. */
   const std::vector<std::string>& state_keys() const { return keys_; }
@@ -60,8 +65,8 @@ class SwapOptimizer {
   /** A step checked and planned, not yet run (what step() does in two parts, so that a set of
    *  optimizers changes nothing until every member is known to be able to step). */
   struct PlannedStep {
-    std::vector<UpdateUnit> units;
-    std::vector<size_t> batch_sizes;
+    std::vector<UpdateUnit> units;  ///< The step's units in schedule order, slots attached; empty when skipped.
+    std::vector<size_t> batch_sizes;  ///< Units per batch, in order (PipelineSwapRuntime::plan_batches).
     /** Skipped whole for a non-finite grad (Optimizer::set_skip_nonfinite); a set of optimizers
      *  skips every member when one does. */
     bool skip = false;

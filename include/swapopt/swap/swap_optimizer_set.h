@@ -12,8 +12,10 @@
 
 namespace swapopt {
 
+/** Steps, synchronises and checkpoints its members together; it owns their wrappers. */
 class SwapOptimizerSet {
  public:
+  /** A member's name and its wrapper. */
   using Member = std::pair<std::string, std::unique_ptr<SwapOptimizer>>;
   /** `members`: a unique name each (letters, digits, '_' and '-'; the checkpoint's tensor prefix)
    *  and its wrapper; all on one stream. Throws "[swap] ..." naming what is wrong. */
@@ -22,24 +24,29 @@ class SwapOptimizerSet {
   /** One step of every member, with Optimizer::step's contract: every member is checked and
    *  planned (budget included) before any of them changes anything. */
   void step();
+  /** Every member's zero_grad(). */
   void zero_grad();
   /** Every member's prefetch_early(). */
   void prefetch_early();
   /** Completes when the last step() has read every grad (members share the stream: the last
    *  member's event covers them all). */
   const Event& grads_read() { return members_.back().second->grads_read(); }
+  /** Completes when the last step() has written every param (the last member's event). */
   const Event& params_updated() { return members_.back().second->params_updated(); }
   /** Blocks the host until every member's last step is done, its state copies included. */
   void synchronize();
 
   /** One state dict: each member's tensors under "<name>/" ("muon/state.0.momentum_buffer") and
-   *  metadata {"optimizer": "Muon+AdamW", "members": [{"name", "metadata"}]}. */
+   *  metadata {"optimizer": the members' optimizer names joined by '+' ("Muon+AdamW"), "members":
+   *  [{"name", "metadata"}]}. */
   StateDict state_dict();
   /** Checks the whole checkpoint against every member before any changes; a checkpoint of other
    *  members, or of one optimizer, is a named error. */
   void load_state_dict(const StateDict& state);
 
+  /** The member called `name`; throws "[swap] no member ..." when there is none. */
   SwapOptimizer& member(const std::string& name);
+  /** The members in the order given: the order they step and are saved in. */
   const std::vector<Member>& members() const { return members_; }
 
  private:
