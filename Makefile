@@ -5,7 +5,7 @@ MESON_ARGS ?=
 # nvcc lives here on the CUDA images; with it on PATH the CUDA backend is built (cuda=auto).
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: deps configure build demo demo-hsdp test bench clean
+.PHONY: deps configure build demo demo-hsdp test bench docs clean
 
 deps:
 	@scripts/install-deps.sh
@@ -25,12 +25,18 @@ demo: build
 demo-hsdp: build
 	$(BUILD)/examples/swapopt-hsdp --mesh 2x2
 
-# Benchmarks: JSON lines under $(BUILD)/bench-results, plots next to them (see docs/benchmarks.md).
+# Benchmarks: every swapopt-bench run with the flags of docs/benchmarks.md, the JSON and machine
+# kept in docs/data/cpu, the tables there and the plots in docs/img regenerated (bench/report.py).
 bench: build
 	scripts/install-deps.sh gnuplot-nox
-	mkdir -p $(BUILD)/bench-results
-	for b in ns momentum swap step adamw; do $(BUILD)/bench/swapopt-bench $$b > $(BUILD)/bench-results/$$b.jsonl || exit 1; done
-	python3 bench/plot.py $(BUILD)/bench-results $(BUILD)/bench-results/*.jsonl
+	python3 bench/report.py run --build $(BUILD)
+
+# The API reference from the public headers: $(BUILD)/docs/html/index.html. Fails on an
+# undocumented public declaration.
+docs: configure
+	scripts/install-deps.sh doxygen
+	BUILD=$(BUILD) SWAPOPT_VERSION=$$(meson introspect $(BUILD) --projectinfo | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])') doxygen docs/Doxyfile
+	@echo "API reference: $(BUILD)/docs/html/index.html"
 
 test: build
 	$(BUILD)/tests/swapopt-tests

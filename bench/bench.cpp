@@ -1,12 +1,16 @@
-// swapopt-bench: microbenchmarks. Each subcommand prints one JSON object per line (prefixed by
-// nothing, for scripts) followed by a human table on stderr. Times are medians of repeated runs.
+// swapopt-bench: microbenchmarks. Each subcommand prints one JSON object per line (for scripts:
+// bench/report.py turns them into docs/benchmarks.md) and a human table on stderr. Times are the
+// median of --reps timed runs after one warm-up run; "_lo"/"_hi" fields are the fastest and
+// slowest of those runs (the spread).
 //
 //   swapopt-bench ns        Newton-Schulz GFLOP/s per shape and dtype vs the backend's GEMM
 //   swapopt-bench momentum  GB/s of the fused momentum update vs memcpy
 //   swapopt-bench swap      swapped vs bare Muon step, swap_times 1..8, packed on/off
-//   swapopt-bench step      a whole Muon + AdamW step on transformer-like shapes
-//   swapopt-bench adamw     an AdamW step over the same shapes
-//   options: --device cpu|cuda  --reps N  --dim D (model width for swap/step)
+//   swapopt-bench step      a whole Muon + AdamW step on transformer-like shapes, by width
+//   swapopt-bench adamw     an AdamW step over the same shapes, by width
+//   swapopt-bench scale     AdamW over 100..50000 small params: swapped vs bare step, state_dict
+//                           and load_state_dict time per param (what grows with the param count)
+//   options: --device cpu|cuda  --reps N  --dim D (model width: swap's, and the only one of step/adamw)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,15 +31,34 @@ struct Options {
   Device device = Device::cpu();
   int reps = 5;
   int64_t dim = 512;
+  bool dim_given = false;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
+/** Repeated measurements of one figure: the median and the spread (fastest, slowest). */
+struct Spread {
+  double median = 0, lo = 0, hi = 0;
 
-/** Median milliseconds of `fn` (one warm-up run first); `sync` waits for the work. */
-double time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
+  explicit Spread(std::vector<double> v) {
+    if (v.empty()) return;
+    std::sort(v.begin(), v.end());
+    median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    lo = v.front();
+    hi = v.back();
+  }
+  /** The same spread as a rate: `work / ms` (the fastest time is the highest rate). */
+  Spread rate(double work) const { return Spread({work / median, work / hi, work / lo}); }
+  /** The same spread times `k` (e.g. per item). */
+  Spread scaled(double k) const { return Spread({median * k, lo * k, hi * k}); }
+  /** JSON fields "<name>", "<name>_lo", "<name>_hi". */
+  std::string json(const char* name) const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "\"%s\":%.4g,\"%s_lo\":%.4g,\"%s_hi\":%.4g", name, median, name, lo, name, hi);
+    return buf;
+  }
+};
+
+/** Milliseconds of `fn` over `reps` runs (one warm-up run first); `sync` waits for the work. */
+Spread time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
   fn();
   sync();
   std::vector<double> samples;
@@ -45,7 +68,7 @@ double time_ms(int reps, const std::function<void()>& fn, const std::function<vo
     sync();
     samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  return median(samples);
+  return Spread(samples);
 }
 
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint32_t seed) {
@@ -67,7 +90,7 @@ void run_ns(const Options& o) {
       const Tensor x0 = random_tensor({1, m, n}, dt, o.device, 1);
       const Tensor x = Tensor::empty_like(x0);
       const auto schedule = ns_schedule("asym5", 5, {});
-      const double ns_ms = time_ms(o.reps, [&] {
+      const Spread ns_ms = time_ms(o.reps, [&] {
             ops::copy(s, x0, x);
             newton_schulz(s, x, schedule, 1e-7f);
           }, [&] { s.synchronize(); });
@@ -76,14 +99,14 @@ void run_ns(const Options& o) {
       const int64_t k = std::min(m, n), l = std::max(m, n);
       const Tensor a = random_tensor({k, k}, dt, o.device, 2), b = random_tensor({k, l}, dt, o.device, 3);
       const Tensor c = Tensor::empty({k, l}, dt, o.device);
-      const double gemm_ms = time_ms(o.reps, [&] { ops::gemm(s, a, false, b, false, c); }, [&] { s.synchronize(); });
-      const double ns_gflops = useful / ns_ms / 1e6, gemm_gflops = 2.0 * double(k) * double(k) * double(l) / gemm_ms / 1e6;
-      std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",\"ns_ms\":%.3f,\"ns_gflops\":%.2f,"
-                  "\"gemm_gflops\":%.2f,\"ratio\":%.3f}\n",
-                  o.device.str().c_str(), (long long)m, (long long)n, dtype_name(dt), ns_ms, ns_gflops, gemm_gflops,
-                  ns_gflops / gemm_gflops);
-      std::fprintf(stderr, "%5lldx%-6lld %-5s %10.3f %10.2f %10.2f %8.3f\n", (long long)m, (long long)n, dtype_name(dt), ns_ms,
-                   ns_gflops, gemm_gflops, ns_gflops / gemm_gflops);
+      const Spread gemm_ms = time_ms(o.reps, [&] { ops::gemm(s, a, false, b, false, c); }, [&] { s.synchronize(); });
+      const Spread ns_gflops = ns_ms.rate(useful / 1e6), gemm_gflops = gemm_ms.rate(2.0 * double(k) * double(k) * double(l) / 1e6);
+      const double ratio = ns_gflops.median / gemm_gflops.median;
+      std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",%s,%s,%s,\"ratio\":%.3f}\n",
+                  o.device.str().c_str(), (long long)m, (long long)n, dtype_name(dt), ns_ms.json("ns_ms").c_str(),
+                  ns_gflops.json("ns_gflops").c_str(), gemm_gflops.json("gemm_gflops").c_str(), ratio);
+      std::fprintf(stderr, "%5lldx%-6lld %-5s %10.3f %10.2f %10.2f %8.3f\n", (long long)m, (long long)n, dtype_name(dt),
+                   ns_ms.median, ns_gflops.median, gemm_gflops.median, ratio);
     }
 }
 
@@ -94,14 +117,15 @@ void run_momentum(const Options& o) {
     const Tensor g = random_tensor({n}, DType::f32, o.device, 1), buf = Tensor::zeros({n}, DType::f32, o.device);
     const Tensor u = Tensor::empty({n}, DType::f32, o.device);
     const Tensor src = random_tensor({n}, DType::f32, o.device, 2), dst = Tensor::empty({n}, DType::f32, o.device);
-    const double mom_ms = time_ms(o.reps, [&] { ops::muon_momentum(s, g, buf, u, 0.95f, 0.95f, true); }, [&] { s.synchronize(); });
-    const double copy_ms = time_ms(o.reps, [&] { ops::copy(s, src, dst); }, [&] { s.synchronize(); });
+    const Spread mom_ms = time_ms(o.reps, [&] { ops::muon_momentum(s, g, buf, u, 0.95f, 0.95f, true); }, [&] { s.synchronize(); });
+    const Spread copy_ms = time_ms(o.reps, [&] { ops::copy(s, src, dst); }, [&] { s.synchronize(); });
     // momentum reads g and buf, writes buf and u; memcpy reads and writes once.
-    const double mom_gbs = 16.0 * double(n) / mom_ms / 1e6, copy_gbs = 8.0 * double(n) / copy_ms / 1e6;
-    std::printf("{\"bench\":\"momentum\",\"device\":\"%s\",\"elements\":%lld,\"momentum_gbs\":%.2f,\"memcpy_gbs\":%.2f,"
-                "\"ratio\":%.3f}\n",
-                o.device.str().c_str(), (long long)n, mom_gbs, copy_gbs, mom_gbs / copy_gbs);
-    std::fprintf(stderr, "%-10lld %12.2f %12.2f %8.3f\n", (long long)n, mom_gbs, copy_gbs, mom_gbs / copy_gbs);
+    const Spread mom_gbs = mom_ms.rate(16.0 * double(n) / 1e6), copy_gbs = copy_ms.rate(8.0 * double(n) / 1e6);
+    const double ratio = mom_gbs.median / copy_gbs.median;
+    std::printf("{\"bench\":\"momentum\",\"device\":\"%s\",\"elements\":%lld,%s,%s,\"ratio\":%.3f}\n",
+                o.device.str().c_str(), (long long)n, mom_gbs.json("momentum_gbs").c_str(), copy_gbs.json("memcpy_gbs").c_str(),
+                ratio);
+    std::fprintf(stderr, "%-10lld %12.2f %12.2f %8.3f\n", (long long)n, mom_gbs.median, copy_gbs.median, ratio);
   }
 }
 
@@ -146,7 +170,7 @@ void run_swap(const Options& o) {
       auto swapped = swap_muon(inner, c);
       // Interleave bare and swapped runs so that machine noise hits both alike.
       std::vector<double> bare_ms, swap_ms, exposed;
-      size_t peak = 0;
+      size_t peak = 0, state = 0;
       for (int r = 0; r < o.reps + 1; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         bare.step();
@@ -162,50 +186,113 @@ void run_swap(const Options& o) {
         swap_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
         exposed.push_back(report.exposed_wait_ms);
         peak = report.peak_resident_bytes;
+        state = report.state_bytes;
       }
-      const double b = median(bare_ms), s = median(swap_ms);
-      std::printf("{\"bench\":\"swap\",\"device\":\"%s\",\"dim\":%lld,\"packed\":%s,\"swap_times\":%d,\"bare_ms\":%.3f,"
-                  "\"swap_ms\":%.3f,\"ratio\":%.3f,\"exposed_wait_ms\":%.3f,\"peak_resident_bytes\":%zu}\n",
-                  o.device.str().c_str(), (long long)o.dim, packed ? "true" : "false", t, b, s, s / b, median(exposed), peak);
-      std::fprintf(stderr, "%-7s %-6d %10.2f %10.2f %8.3f %12.3f %14zu\n", packed ? "yes" : "no", t, b, s, s / b,
-                   median(exposed), peak);
+      const Spread b(bare_ms), s(swap_ms), e(exposed);
+      std::printf("{\"bench\":\"swap\",\"device\":\"%s\",\"dim\":%lld,\"packed\":%s,\"swap_times\":%d,%s,%s,"
+                  "\"ratio\":%.3f,\"exposed_wait_ms\":%.3f,\"peak_resident_bytes\":%zu,\"state_bytes\":%zu}\n",
+                  o.device.str().c_str(), (long long)o.dim, packed ? "true" : "false", t, b.json("bare_ms").c_str(),
+                  s.json("swap_ms").c_str(), s.median / b.median, e.median, peak, state);
+      std::fprintf(stderr, "%-7s %-6d %10.2f %10.2f %8.3f %12.3f %14zu\n", packed ? "yes" : "no", t, b.median, s.median,
+                   s.median / b.median, e.median, peak);
     }
 }
 
+/** The widths step and adamw run at: --dim alone when given, else three. */
+std::vector<int64_t> widths(const Options& o) { return o.dim_given ? std::vector<int64_t>{o.dim} : std::vector<int64_t>{256, 384, 512}; }
+
 void run_step(const Options& o) {
   const int layers = 4;
-  auto params = model_params(o.dim, layers, o.device);
-  set_grads(params);
-  Stream stream(o.device);
-  MuonWithAdamW opt(stream, params);
-  const double ms = time_ms(o.reps, [&] { opt.step(); }, [&] { stream.synchronize(); });
-  size_t muon_params = 0;
-  for (const ParamPtr& p : opt.muon().param_groups()[0].params) muon_params += size_t(p->data.numel());
-  std::printf("{\"bench\":\"step\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"muon_params\":%zu,\"step_ms\":%.3f}\n",
-              o.device.str().c_str(), (long long)o.dim, layers, muon_params, ms);
-  std::fprintf(stderr, "Muon+AdamW step, width %lld, %d layers (%zu Muon params): %.2f ms\n", (long long)o.dim, layers,
-               muon_params, ms);
+  for (int64_t dim : widths(o)) {
+    auto params = model_params(dim, layers, o.device);
+    set_grads(params);
+    Stream stream(o.device);
+    MuonWithAdamW opt(stream, params);
+    const Spread ms = time_ms(o.reps, [&] { opt.step(); }, [&] { stream.synchronize(); });
+    size_t muon_params = 0;
+    for (const ParamPtr& p : opt.muon().param_groups()[0].params) muon_params += size_t(p->data.numel());
+    std::printf("{\"bench\":\"step\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"muon_params\":%zu,%s}\n",
+                o.device.str().c_str(), (long long)dim, layers, muon_params, ms.json("step_ms").c_str());
+    std::fprintf(stderr, "Muon+AdamW step, width %lld, %d layers (%zu Muon params): %.2f ms\n", (long long)dim, layers,
+                 muon_params, ms.median);
+  }
 }
 
 void run_adamw(const Options& o) {
   const int layers = 4;
-  auto params = model_params(o.dim, layers, o.device);
-  set_grads(params);
-  Stream stream(o.device);
-  AdamW adamw(stream);
-  adamw.add_param_group(params);
-  const double ms = time_ms(o.reps, [&] { adamw.step(); }, [&] { stream.synchronize(); });
-  size_t elements = 0;
-  for (const ParamPtr& p : params) elements += size_t(p->data.numel());
-  std::printf("{\"bench\":\"adamw\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"params\":%zu,\"step_ms\":%.3f}\n",
-              o.device.str().c_str(), (long long)o.dim, layers, elements, ms);
-  std::fprintf(stderr, "AdamW step, width %lld, %d layers (%zu params): %.2f ms\n", (long long)o.dim, layers, elements, ms);
+  for (int64_t dim : widths(o)) {
+    auto params = model_params(dim, layers, o.device);
+    set_grads(params);
+    Stream stream(o.device);
+    AdamW adamw(stream);
+    adamw.add_param_group(params);
+    const Spread ms = time_ms(o.reps, [&] { adamw.step(); }, [&] { stream.synchronize(); });
+    size_t elements = 0;
+    for (const ParamPtr& p : params) elements += size_t(p->data.numel());
+    // Per element the step reads param, grad, exp_avg and exp_avg_sq and writes param and both moments: 28 bytes in f32.
+    std::printf("{\"bench\":\"adamw\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"params\":%zu,%s,%s}\n",
+                o.device.str().c_str(), (long long)dim, layers, elements, ms.json("step_ms").c_str(),
+                ms.rate(28.0 * double(elements) / 1e6).json("gbs").c_str());
+    std::fprintf(stderr, "AdamW step, width %lld, %d layers (%zu params): %.2f ms\n", (long long)dim, layers, elements, ms.median);
+  }
+}
+
+/** Many small params (1024-4096 elements each, as a MoE's expert vectors or a model's norms):
+ *  the per-param costs of planning, slot lookup and state dicts, which should stay flat. */
+void run_scale(const Options& o) {
+  std::fprintf(stderr, "%8s %10s %10s %8s %14s %14s %14s\n", "params", "bare_ms", "swap_ms", "ratio", "sd_bare_us/p",
+               "sd_swap_us/p", "load_swap_us/p");
+  for (int64_t n : {int64_t(100), int64_t(1000), int64_t(5000), int64_t(20000), int64_t(50000)}) {
+    std::mt19937 gen(7);
+    std::uniform_int_distribution<int64_t> size(1024, 4096);
+    std::vector<ParamPtr> bare_params, swap_params;
+    for (int64_t i = 0; i < n; ++i) {
+      const Tensor w = Tensor::zeros({size(gen)}, DType::f32, o.device);
+      std::string name = "p.";
+      name += std::to_string(i);
+      bare_params.push_back(make_param(name, w.clone()));
+      swap_params.push_back(make_param(name, w.clone()));
+      bare_params.back()->grad = Tensor::from_floats(std::vector<float>(size_t(w.numel()), 1e-3f), w.shape(), DType::f32, o.device);
+      swap_params.back()->grad = bare_params.back()->grad;
+    }
+    Stream stream(o.device);
+    AdamW bare(stream), inner(stream);
+    bare.add_param_group(bare_params);
+    inner.add_param_group(swap_params);
+    auto swapped = swap_adamw(inner, SwapConfig{});
+    std::vector<double> bare_ms, swap_ms;
+    for (int r = 0; r < o.reps + 1; ++r) {  // alternated, the first pair a warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      bare.step();
+      stream.synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      swapped->step();
+      swapped->synchronize();
+      const auto t2 = std::chrono::steady_clock::now();
+      if (r == 0) continue;
+      bare_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      swap_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    const Spread b(bare_ms), s(swap_ms);
+    StateDict state;
+    const double per_param = 1e3 / double(n);  // ms per run -> us per param
+    const Spread sd_bare = time_ms(o.reps, [&] { state = bare.state_dict(); }, [] {});
+    const Spread sd_swap = time_ms(o.reps, [&] { state = swapped->state_dict(); }, [] {});
+    const Spread load_swap = time_ms(o.reps, [&] { swapped->load_state_dict(state); }, [&] { swapped->synchronize(); });
+    std::printf("{\"bench\":\"scale\",\"device\":\"%s\",\"params\":%lld,%s,%s,\"ratio\":%.3f,%s,%s,%s}\n",
+                o.device.str().c_str(), (long long)n, b.json("bare_ms").c_str(), s.json("swap_ms").c_str(), s.median / b.median,
+                sd_bare.scaled(per_param).json("state_dict_bare_us_per_param").c_str(),
+                sd_swap.scaled(per_param).json("state_dict_swap_us_per_param").c_str(),
+                load_swap.scaled(per_param).json("load_swap_us_per_param").c_str());
+    std::fprintf(stderr, "%8lld %10.2f %10.2f %8.3f %14.2f %14.2f %14.2f\n", (long long)n, b.median, s.median,
+                 s.median / b.median, sd_bare.median * per_param, sd_swap.median * per_param, load_swap.median * per_param);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw [--device cpu|cuda] [--reps N] [--dim D]\n";
+  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale [--device cpu|cuda] [--reps N] [--dim D]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -220,7 +307,10 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
-    else if (flag == "--dim") o.dim = std::max(16, std::atoi(value.c_str()));
+    else if (flag == "--dim") {
+      o.dim = std::max(16, std::atoi(value.c_str()));
+      o.dim_given = true;
+    }
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -232,6 +322,7 @@ int main(int argc, char** argv) {
     else if (command == "swap") run_swap(o);
     else if (command == "step") run_step(o);
     else if (command == "adamw") run_adamw(o);
+    else if (command == "scale") run_scale(o);
     else {
       std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());
       return 2;

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Runs swapopt's benchmarks and regenerates docs/benchmarks.md's tables and plots from them.
+
+    python3 bench/report.py run    [--build build] [--docs docs] [--device cpu|cuda] [--no-render]
+    python3 bench/report.py render [--docs docs] [--device cpu|cuda]
+
+`run` runs every swapopt-bench subcommand with the flags in COMMANDS, keeps their JSON lines and
+the machine they ran on in DOCS/data/DEVICE/, then renders (unless --no-render: a GPU machine
+without gnuplot runs, this one renders). `render` only redraws from those
+files: the PNGs in DOCS/img/ (gnuplot, Debian's gnuplot-nox) and, in DOCS/benchmarks.md, the text
+between each `<!-- begin bench NAME DEVICE -->` and `<!-- end bench NAME DEVICE -->` pair. The
+prose around those blocks is written by hand and must not quote the generated figures.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+# The flags each benchmark runs with (and that docs/benchmarks.md quotes).
+COMMANDS = {
+    "ns": ["ns", "--reps", "7"],
+    "momentum": ["momentum", "--reps", "7"],
+    "swap": ["swap", "--dim", "384", "--reps", "5"],
+    "step": ["step", "--reps", "3"],
+    "adamw": ["adamw", "--reps", "7"],
+}
+
+
+def command_line(name, device):
+    return " ".join(["swapopt-bench"] + COMMANDS[name] + ["--device", device])
+
+
+def sh(args, **kw):
+    return subprocess.run(args, check=True, text=True, capture_output=True, **kw).stdout.strip()
+
+
+def machine_info(build, device):
+    """What the figures were measured on: CPU, memory, compiler and build flags, commit, date."""
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
+        info["cpu"] = f"{cpu[0]} ({len(cpu)} logical cores)" if cpu else platform.processor()
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        kib = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")))
+        info["memory"] = f"{kib / 2**20:.0f} GiB"
+    except (OSError, StopIteration):
+        pass
+    info["os"] = platform.platform()
+    try:
+        options = {o["name"]: o["value"] for o in json.loads(sh(["meson", "introspect", build, "--buildoptions"]))}
+        info["build"] = f"buildtype={options.get('buildtype')} native_arch={options.get('native_arch')} openmp={options.get('openmp')}"
+    except (subprocess.CalledProcessError, FileNotFoundError, json.JSONDecodeError):
+        pass
+    try:  # the compiler Meson found (CXX, else c++), as it names itself
+        info["compiler"] = sh([os.environ.get("CXX", "c++"), "--version"]).splitlines()[0]
+    except (subprocess.CalledProcessError, FileNotFoundError, IndexError):
+        pass
+    try:
+        info["commit"] = sh(["git", "rev-parse", "--short", "HEAD"])
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    info["threads"] = os.environ.get("OMP_NUM_THREADS", f"{os.cpu_count()} (OpenMP default)")
+    if device == "cuda":
+        try:
+            info["gpu"] = sh(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"])
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            info["gpu"] = "?"
+    if os.path.exists("/proc/loadavg"):
+        info["load_before"] = open("/proc/loadavg").read().split()[0]
+    return info
+
+
+def run(args):
+    data = os.path.join(args.docs, "data", args.device)
+    os.makedirs(data, exist_ok=True)
+    info = machine_info(args.build, args.device)
+    info["commands"] = {}
+    binary = os.path.join(args.build, "bench", "swapopt-bench")
+    for name, flags in COMMANDS.items():
+        cmd = [binary] + flags + ["--device", args.device]
+        print(f"== {command_line(name, args.device)}", file=sys.stderr, flush=True)
+        out = subprocess.run(cmd, check=True, text=True, stdout=subprocess.PIPE).stdout
+        with open(os.path.join(data, f"{name}.jsonl"), "w") as f:
+            f.write(out)
+        info["commands"][name] = command_line(name, args.device)
+    with open(os.path.join(data, "machine.json"), "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+    if not args.no_render:
+        render(args)
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+def load(data, name):
+    path = os.path.join(data, f"{name}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.startswith("{")]
+
+
+def spread(row, key, fmt="{:.1f}"):
+    """'median (lo-hi)' of a field measured with its spread."""
+    return f"{fmt.format(row[key])} ({fmt.format(row[key + '_lo'])}-{fmt.format(row[key + '_hi'])})"
+
+
+def elements(n):
+    return f"{n / 2**20:g} M" if n >= 2**20 else f"{n / 2**10:g} K"
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+def gnuplot(script):
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+
+
+HEADER = """set terminal pngcairo size {w},{h} font 'DejaVu Sans,11' noenhanced
+set output '{out}'
+set grid y lc rgb '#dddddd'
+set border 3
+set tics nomirror
+set key top left Left reverse
+"""
+
+
+def write_dat(tmp, name, rows):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(" ".join(str(x) for x in r) + "\n")
+    return path
+
+
+def plot_pair(out, tmp, size, title, ylabel, labels, first, second, names):
+    """Two bars per label (`first` and `second`: field names with _lo/_hi spreads), from zero."""
+    dat = write_dat(tmp, "pair.dat", [[f'"{label}"'] + [r[k] for f in (first, second) for k in (f, f + "_lo", f + "_hi")]
+                                      for label, r in labels])
+    gnuplot(HEADER.format(w=size[0], h=size[1], out=out) + f"""
+set title '{title} (median, bars: fastest-slowest run)'
+set ylabel '{ylabel}'
+set yrange [0:*]
+set style data histograms
+set style histogram errorbars gap 2 lw 1
+set style fill solid 0.85 border -1
+{"set xtics rotate by -25" if len(labels) > 6 else ""}
+plot '{dat}' using 2:3:4:xtic(1) title '{names[0]}' lc rgb '#4878d0', '' using 5:6:7 title '{names[1]}' lc rgb '#ee854a'
+""")
+
+
+def plot_ns(rows, out, tmp, device):
+    plot_pair(out, tmp, (900, 480), f"Newton-Schulz vs GEMM throughput on {device}", "GFLOP/s (useful flops)",
+              [(f'{r["m"]}x{r["n"]} {r["dtype"]}', r) for r in rows], "ns_gflops", "gemm_gflops",
+              ("Newton-Schulz (5 steps)", "GEMM [k,k]@[k,l]"))
+
+
+def plot_momentum(rows, out, tmp, device):
+    plot_pair(out, tmp, (700, 440), f"Fused Muon momentum vs memcpy on {device}",
+              "GB/s moved (momentum 16 B/element, memcpy 8 B)", [(f'{elements(r["elements"])} f32', r) for r in rows],
+              "momentum_gbs", "memcpy_gbs", ("momentum update", "memcpy"))
+
+
+def plot_swap(rows, out, tmp, device):
+    series = {}
+    for packed in (True, False):
+        data = sorted((r for r in rows if r["packed"] == packed), key=lambda r: r["swap_times"])
+        series[packed] = write_dat(tmp, f"swap_{packed}.dat", [
+            [r["swap_times"], r["bare_ms"], r["bare_ms_lo"], r["bare_ms_hi"], r["swap_ms"], r["swap_ms_lo"], r["swap_ms_hi"],
+             r["peak_resident_bytes"] / 2**20, r["state_bytes"] / 2**20] for r in data])
+    p, u = series[True], series[False]
+    gnuplot(HEADER.format(w=1100, h=460, out=out) + f"""
+set multiplot layout 1,2 title 'Swapped vs bare Muon step on {device}, width {rows[0]["dim"]} (median, bars: fastest-slowest run)'
+set xlabel 'swap_times'
+set xrange [0.5:8.5]
+set xtics 1
+set yrange [0:*]
+set ylabel 'step time (ms)'
+set title 'time'
+set key bottom right
+plot '{p}' using 1:2:3:4 with yerrorlines title 'bare (packed runs)' lc rgb '#999999' pt 7, \\
+     '{p}' using 1:5:6:7 with yerrorlines title 'swapped, packed' lc rgb '#4878d0' pt 7, \\
+     '{u}' using 1:5:6:7 with yerrorlines title 'swapped, per-tensor' lc rgb '#ee854a' pt 5
+set ylabel 'momentum on the device (MiB)'
+set title 'memory: peak resident state'
+set key bottom left
+plot '{p}' using 1:9 with lines title 'bare: all of it' lc rgb '#999999' dt 2 lw 2, \\
+     '{p}' using 1:8 with linespoints title 'swapped, packed' lc rgb '#4878d0' pt 7, \\
+     '{u}' using 1:8 with linespoints title 'swapped, per-tensor' lc rgb '#ee854a' pt 5
+unset multiplot
+""")
+
+
+def plot_steps(step, adamw, out, tmp, device):
+    s = write_dat(tmp, "step.dat", [[r["dim"], r["step_ms"], r["step_ms_lo"], r["step_ms_hi"]] for r in step])
+    a = write_dat(tmp, "adamw.dat", [[r["dim"], r["step_ms"], r["step_ms_lo"], r["step_ms_hi"]] for r in adamw])
+    gnuplot(HEADER.format(w=1100, h=440, out=out) + f"""
+set multiplot layout 1,2 title 'Whole optimizer steps on {device}, 4 transformer-like layers (median, bars: fastest-slowest run)'
+set xlabel 'model width'
+set yrange [0:*]
+set xrange [192:576]
+set xtics (256, 384, 512)
+unset key
+set ylabel 'ms per step'
+set title 'Muon (f32 NS) + AdamW'
+plot '{s}' using 1:2:3:4 with yerrorlines title 'Muon + AdamW' lc rgb '#4878d0' pt 7
+set title 'AdamW over every param'
+plot '{a}' using 1:2:3:4 with yerrorlines title 'AdamW' lc rgb '#6acc64' pt 7
+unset multiplot
+""")
+
+
+# ---- tables --------------------------------------------------------------------------------
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def block_machine(info, device):
+    gpu = f"GPU {info['gpu']}; host " if "gpu" in info else ""
+    lines = [f"Measured {info.get('date', '?')} at commit `{info.get('commit', '?')}` on {gpu}{info.get('cpu', '?')}, "
+             f"{info.get('memory', '?')}; {info.get('os', '?')}; {info.get('compiler', '?')}, {info.get('build', '?')}; "
+             f"threads: {info.get('threads', '?')}; load average before the run: {info.get('load_before', '?')}.",
+             "", "Commands (`make bench` runs them all and regenerates this page):", ""]
+    lines += [f"- `{c}`" for c in info.get("commands", {}).values()]
+    return "\n".join(lines)
+
+
+def block_ns(rows):
+    body = table(["shape", "dtype", "NS ms", "NS GFLOP/s", "GEMM GFLOP/s", "NS / GEMM"],
+                 [[f"{r['m']}x{r['n']}", r["dtype"], spread(r, "ns_ms"), spread(r, "ns_gflops"), spread(r, "gemm_gflops"),
+                   f"{r['ratio']:.2f}"] for r in rows])
+    ratios = [r["ratio"] for r in rows]
+    return body + f"\n\nNS / GEMM per useful flop: {min(ratios):.2f} to {max(ratios):.2f}."
+
+
+def block_momentum(rows):
+    body = table(["elements", "momentum GB/s", "memcpy GB/s", "momentum / memcpy"],
+                 [[elements(r["elements"]), spread(r, "momentum_gbs"), spread(r, "memcpy_gbs"), f"{r['ratio']:.2f}"] for r in rows])
+    return body
+
+
+def block_swap(rows):
+    body = table(["mode", "swap_times", "bare ms", "swapped ms", "swapped / bare", "exposed wait ms", "peak on device", "saved"],
+                 [["packed" if r["packed"] else "per-tensor", r["swap_times"], spread(r, "bare_ms"), spread(r, "swap_ms"),
+                   f"{r['ratio']:.3f}", f"{r['exposed_wait_ms']:.2f}", f"{r['peak_resident_bytes'] / 2**20:.2f} MiB",
+                   f"{100 * (1 - r['peak_resident_bytes'] / r['state_bytes']):.0f} %"] for r in rows])
+    state = rows[0]["state_bytes"] / 2**20
+    at4 = {r["packed"]: r for r in rows if r["swap_times"] == 4}
+    summary = f"Momentum of all matrices: {state:.2f} MiB (all of it on the device without swap)."
+    if True in at4 and False in at4:
+        summary += (f" At swap_times 4: swapped / bare {at4[True]['ratio']:.3f} packed, {at4[False]['ratio']:.3f} per-tensor;"
+                    f" {100 * (1 - at4[True]['peak_resident_bytes'] / at4[True]['state_bytes']):.0f} % of the momentum"
+                    " never on the device at once (packed).")
+    return body + "\n\n" + summary
+
+
+def block_step(rows):
+    return table(["width", "Muon params", "Muon + AdamW step ms"],
+                 [[r["dim"], f"{r['muon_params'] / 1e6:.1f} M", spread(r, "step_ms")] for r in rows])
+
+
+def block_adamw(rows):
+    return table(["width", "params", "AdamW step ms", "GB/s (28 B/param)"],
+                 [[r["dim"], f"{r['params'] / 1e6:.2f} M", spread(r, "step_ms"), spread(r, "gbs", "{:.2f}")] for r in rows])
+
+
+def replace_block(text, name, device, body):
+    begin, end = f"<!-- begin bench {name} {device} -->", f"<!-- end bench {name} {device} -->"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        print(f"report: docs/benchmarks.md has no block '{name} {device}'; left out", file=sys.stderr)
+        return text
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
+
+
+def render(args):
+    data = os.path.join(args.docs, "data", args.device)
+    img = os.path.join(args.docs, "img")
+    os.makedirs(img, exist_ok=True)
+    rows = {name: load(data, name) for name in COMMANDS}
+    if not any(rows.values()):
+        sys.exit(f"report: no results in {data}")
+    info_path = os.path.join(data, "machine.json")
+    info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+    doc_path = os.path.join(args.docs, "benchmarks.md")
+    text = open(doc_path).read()
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def png(name):
+            path = os.path.join(img, f"{name}-{args.device}.png")
+            written.append(path)
+            return path
+        if rows["ns"]:
+            plot_ns(rows["ns"], png("ns"), tmp, args.device)
+            text = replace_block(text, "ns", args.device, block_ns(rows["ns"]))
+        if rows["momentum"]:
+            plot_momentum(rows["momentum"], png("momentum"), tmp, args.device)
+            text = replace_block(text, "momentum", args.device, block_momentum(rows["momentum"]))
+        if rows["swap"]:
+            plot_swap(rows["swap"], png("swap"), tmp, args.device)
+            text = replace_block(text, "swap", args.device, block_swap(rows["swap"]))
+        if rows["step"] and rows["adamw"]:
+            plot_steps(rows["step"], rows["adamw"], png("steps"), tmp, args.device)
+            text = replace_block(text, "step", args.device, block_step(rows["step"]))
+            text = replace_block(text, "adamw", args.device, block_adamw(rows["adamw"]))
+    text = replace_block(text, "machine", args.device, block_machine(info, args.device))
+    with open(doc_path, "w") as f:
+        f.write(text)
+    print(f"report: {doc_path} regenerated from {data}; plots: {', '.join(written) or 'none'}", file=sys.stderr)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["run", "render"])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--docs", default="docs")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--no-render", action="store_true", help="run only: keep the JSON, draw nothing")
+    args = parser.parse_args()
+    (run if args.action == "run" else render)(args)
+
+
+if __name__ == "__main__":
+    main()
