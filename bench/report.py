@@ -28,6 +28,7 @@ COMMANDS = {
     "swap": ["swap", "--dim", "384", "--reps", "5"],
     "step": ["step", "--reps", "3"],
     "adamw": ["adamw", "--reps", "7"],
+    "scale": ["scale", "--reps", "3"],
 }
 
 
@@ -81,9 +82,14 @@ def run(args):
     data = os.path.join(args.docs, "data", args.device)
     os.makedirs(data, exist_ok=True)
     info = machine_info(args.build, args.device)
-    info["commands"] = {}
     binary = os.path.join(args.build, "bench", "swapopt-bench")
+    previous = os.path.join(data, "machine.json")
+    if args.only and os.path.exists(previous):  # the other benchmarks' record stays
+        info = {**json.load(open(previous)), **info}
+    info["commands"] = {**info.get("commands", {})}
     for name, flags in COMMANDS.items():
+        if args.only and name not in args.only:
+            continue
         cmd = [binary] + flags + ["--device", args.device]
         print(f"== {command_line(name, args.device)}", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, check=True, text=True, stdout=subprocess.PIPE).stdout
@@ -216,6 +222,28 @@ unset multiplot
 """)
 
 
+def plot_scale(rows, out, tmp, device):
+    dat = write_dat(tmp, "scale.dat", [[r["params"], r["bare_ms"] * 1e3 / r["params"], r["swap_ms"] * 1e3 / r["params"],
+                                        r["state_dict_swap_us_per_param"], r["state_dict_swap_us_per_param_lo"],
+                                        r["state_dict_swap_us_per_param_hi"], r["load_swap_us_per_param"],
+                                        r["load_swap_us_per_param_lo"], r["load_swap_us_per_param_hi"]] for r in rows])
+    gnuplot(HEADER.format(w=1100, h=440, out=out) + f"""
+set multiplot layout 1,2 title 'AdamW over many small params (1024-4096 elements) on {device}: cost per param'
+set xlabel 'params'
+set logscale x
+set xrange [70:70000]
+set yrange [0:*]
+set ylabel 'microseconds per param'
+set title 'step (median)'
+plot '{dat}' using 1:2 with linespoints title 'bare' lc rgb '#999999' pt 7, \\
+     '' using 1:3 with linespoints title 'swapped' lc rgb '#4878d0' pt 7
+set title 'checkpoint, swapped (bars: fastest-slowest run)'
+plot '{dat}' using 1:4:5:6 with yerrorlines title 'state_dict()' lc rgb '#4878d0' pt 7, \\
+     '' using 1:7:8:9 with yerrorlines title 'load_state_dict()' lc rgb '#ee854a' pt 5
+unset multiplot
+""")
+
+
 # ---- tables --------------------------------------------------------------------------------
 
 def table(header, rows):
@@ -273,6 +301,23 @@ def block_adamw(rows):
                  [[r["dim"], f"{r['params'] / 1e6:.2f} M", spread(r, "step_ms"), spread(r, "gbs", "{:.2f}")] for r in rows])
 
 
+def block_scale(rows):
+    body = table(["params", "bare step ms", "swapped step ms", "swapped / bare", "state_dict us/param (bare)",
+                  "state_dict us/param (swapped)", "load_state_dict us/param (swapped)"],
+                 [[r["params"], spread(r, "bare_ms"), spread(r, "swap_ms"), f"{r['ratio']:.2f}",
+                   spread(r, "state_dict_bare_us_per_param"), spread(r, "state_dict_swap_us_per_param"),
+                   spread(r, "load_swap_us_per_param")] for r in rows])
+    big = [r for r in rows if r["params"] >= 1000]
+    if len(big) >= 2:
+        def flat(key):
+            v = [r[key] for r in big]
+            return f"{max(v) / min(v):.2f}"
+        body += (f"\n\nFrom {big[0]['params']} to {big[-1]['params']} params the per-param cost varies by a factor of "
+                 f"{flat('state_dict_swap_us_per_param')} (swapped state_dict) and {flat('load_swap_us_per_param')} "
+                 f"(swapped load_state_dict).")
+    return body
+
+
 def replace_block(text, name, device, body):
     begin, end = f"<!-- begin bench {name} {device} -->", f"<!-- end bench {name} {device} -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
@@ -312,6 +357,9 @@ def render(args):
             plot_steps(rows["step"], rows["adamw"], png("steps"), tmp, args.device)
             text = replace_block(text, "step", args.device, block_step(rows["step"]))
             text = replace_block(text, "adamw", args.device, block_adamw(rows["adamw"]))
+        if rows["scale"]:
+            plot_scale(rows["scale"], png("scale"), tmp, args.device)
+            text = replace_block(text, "scale", args.device, block_scale(rows["scale"]))
     text = replace_block(text, "machine", args.device, block_machine(info, args.device))
     with open(doc_path, "w") as f:
         f.write(text)
@@ -324,6 +372,7 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--docs", default="docs")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--only", nargs="+", choices=list(COMMANDS), help="run these benchmarks alone (render all)")
     parser.add_argument("--no-render", action="store_true", help="run only: keep the JSON, draw nothing")
     args = parser.parse_args()
     (run if args.action == "run" else render)(args)

@@ -178,9 +178,14 @@ StateDict Optimizer::state_dict() {
   stream_.synchronize();
   StateDict out;
   out.metadata = metadata_json();
+  // Every copy on the optimizer's stream, one wait at the end (not one round trip per tensor).
   for (const auto& [param, ps] : state_)
-    for (const auto& [key, tensor] : ps.tensors)
-      out.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, tensor.to(Device::cpu()));
+    for (const auto& [key, tensor] : ps.tensors) {
+      Tensor host = Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
+      ops::copy(stream_, tensor, host);
+      out.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, std::move(host));
+    }
+  stream_.synchronize();
   return out;
 }
 

@@ -98,6 +98,7 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
       slot->device.storage()->release();
     }
     slot->state = SlotState::host;
+    slots_by_param_[slot->param].push_back(slot.get());
     slots_.push_back(std::move(slot));
   }
   // Initial offload: state that exists before the first swapped step leaves the device now, and
@@ -112,14 +113,14 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
 }
 
 SwapSlot* PipelineSwapRuntime::find_slot(const Param* param, const std::string& key) const {
-  for (const auto& slot : slots_)
-    if (slot->param == param && slot->key == key) return slot.get();
+  const auto it = slots_by_param_.find(param);
+  if (it != slots_by_param_.end())
+    for (SwapSlot* slot : it->second)
+      if (slot->key == key) return slot;
   return nullptr;
 }
 
 void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, const Optimizer& optimizer, bool create) {
-  std::unordered_map<const Param*, std::vector<SwapSlot*>> by_param;
-  for (const auto& slot : slots_) by_param[slot->param].push_back(slot.get());
   if (create) created_this_step_.clear();
   std::unordered_set<const SwapSlot*> pending;
   std::vector<std::vector<std::string>> keys_by_group;  // what the bare step touches, per group
@@ -128,8 +129,8 @@ void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, const Opt
     unit.slots.clear();
     const std::vector<std::string>& keys = keys_by_group.at(unit.group);
     for (Param* p : unit.params) {
-      const auto it = by_param.find(p);
-      if (it == by_param.end()) continue;
+      const auto it = slots_by_param_.find(p);
+      if (it == slots_by_param_.end()) continue;
       for (SwapSlot* slot : it->second) {
         if (std::find(keys.begin(), keys.end(), slot->key) == keys.end()) continue;
         if (!slot->created && !create) continue;

@@ -99,12 +99,20 @@ StateDict SwapOptimizer::state_dict() {
   synchronize();
   StateDict out;
   out.metadata = opt.metadata_json();
+  // The mirrors are host memory and no copy is in flight after synchronize(): read them directly;
+  // state kept on the device goes through the stream, with one wait at the end.
   for (const auto& [param, ps] : opt.state())
     for (const auto& [key, tensor] : ps.tensors) {
       const SwapSlot* slot = runtime_.find_slot(param, key);
-      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key,
-                          slot != nullptr ? slot->host.clone() : tensor.to(Device::cpu()));
+      Tensor host = Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
+      if (slot != nullptr) {
+        if (host.nbytes() > 0) std::memcpy(host.data_ptr(), slot->host.data_ptr(), host.nbytes());
+      } else {
+        ops::copy(opt.stream(), tensor, host);
+      }
+      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key, std::move(host));
     }
+  opt.stream().synchronize();
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "swapopt/core/storage.h"
@@ -199,6 +200,9 @@ class PipelineSwapRuntime {
   SwapStepReport completed_;
 
   std::vector<std::unique_ptr<SwapSlot>> slots_;
+  /** The slots of each param (one per swapped state key), filled by build(): lookups by param cost
+   *  the same at any param count. */
+  std::unordered_map<const Param*, std::vector<SwapSlot*>> slots_by_param_;
   std::array<std::shared_ptr<Storage>, 3> host_buffers_;   // pinned, one per dtype
   std::array<std::array<std::shared_ptr<Storage>, 3>, 2> arenas_;  // packed staging, [parity][dtype]
   std::unique_ptr<EarlyPrefetch> early_;
