@@ -12,11 +12,14 @@
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../cpu/cpu_stream.h"
@@ -44,12 +47,26 @@ void run_collective(std::unique_ptr<Options> opts, Collective collective) {
   }
 }
 
-/** The shared pieces every group of one job uses: the store and the TCP device. */
+/** The shared pieces every group of one job uses: the store and the TCP device, and where they
+ *  are, for errors that say where. */
 struct GlooWorld {
   std::shared_ptr<gloo::rendezvous::Store> store;
   std::shared_ptr<gloo::transport::Device> device;
   std::chrono::milliseconds timeout;
+  int world_rank = 0;
+  std::string store_address;  // "Redis at host:port" or "the FileStore in dir"
+  std::string hostname;       // this rank's address for the TCP transport
 };
+
+/** "[0, 1, 2]": the world ranks of a group's members. */
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+  }
+  return out + "]";
+}
 
 /** The error crosses threads as its message: wait() throws a fresh Error on the waiting thread,
  *  so no exception object is shared between the worker and the caller. */
@@ -71,15 +88,21 @@ class GlooWork final : public Work {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<GlooWorld> world, int rank, int size, const std::string& name)
-      : world_(std::move(world)), rank_(rank), size_(size) {
-    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  /** Rank `rank` of the group `name` whose members are `world_ranks` (in group order). */
+  GlooCommunicator(std::shared_ptr<GlooWorld> world, int rank, std::vector<int> world_ranks, const std::string& name)
+      : world_(std::move(world)), rank_(rank), size_(int(world_ranks.size())), world_ranks_(std::move(world_ranks)) {
+    // Every error of this group says where: "on rank 1 of group 'shard.0' (world rank 3; the group
+    // is world ranks [2, 3])" (a collective's error then names the collective before it).
+    where_ = " on rank " + std::to_string(rank_) + " of group '" + name + "' (world rank " + std::to_string(world_->world_rank) +
+             "; the group is world ranks " + rank_list(world_ranks_) + ")";
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, size_);
     context_->setTimeout(world_->timeout);
     gloo::rendezvous::PrefixStore prefixed(name, *world_->store);
     try {
       context_->connectFullMesh(prefixed, world_->device);
     } catch (const std::exception& e) {
-      SWAPOPT_FAIL("[comm] rendezvous of group '" << name << "' on rank " << rank << ": " << e.what());
+      SWAPOPT_FAIL("[comm] rendezvous" << where_ << " through " << world_->store_address << ", this rank at "
+                                       << world_->hostname << ": " << e.what());
     }
   }
 
@@ -163,7 +186,9 @@ class GlooCommunicator final : public Communicator {
       if (ranks[i] == rank_) sub_rank = int(i);
     }
     SWAPOPT_CHECK(sub_rank >= 0, "[comm] rank " << rank_ << " is not in sub_group '" << name << "'");
-    return std::make_unique<GlooCommunicator>(world_, sub_rank, int(ranks.size()), name);
+    std::vector<int> members;
+    for (int r : ranks) members.push_back(world_ranks_[size_t(r)]);
+    return std::make_unique<GlooCommunicator>(world_, sub_rank, std::move(members), name);
   }
 
  private:
@@ -183,17 +208,17 @@ class GlooCommunicator final : public Communicator {
 
   uint32_t next_tag() { return tag_++; }
 
-  /** Runs `fn` on the worker in issue order; its failure names the collective and this rank. */
+  /** Runs `fn` on the worker in issue order; its failure names the collective, this rank and its
+   *  group, and Gloo's own text (which names the peer's address when a connection failed). */
   WorkPtr submit(const char* collective, std::function<void()> fn) {
     auto work = std::make_shared<GlooWork>();
-    const int rank = rank_;
     worker_.push(
-        [work, fn = std::move(fn), collective, rank] {
+        [work, fn = std::move(fn), collective, where = where_] {
           try {
             fn();
             work->finish({});
           } catch (const std::exception& e) {
-            work->finish(std::string("[comm] ") + collective + " on rank " + std::to_string(rank) + ": " + e.what());
+            work->finish(std::string("[comm] ") + collective + where + ": " + e.what());
           }
         },
         true);
@@ -203,6 +228,8 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<GlooWorld> world_;
   int rank_;
   int size_;
+  std::vector<int> world_ranks_;  // the members' world ranks, in group order
+  std::string where_;             // " on rank R of group 'name' (world rank W; ...)"
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t tag_ = 0;  // only the worker thread touches it
   cpu::CpuStream worker_;  // last: joined first on destruction, while the context still exists
@@ -213,12 +240,17 @@ class GlooCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
   auto world = std::make_shared<GlooWorld>();
   world->timeout = env.timeout;
+  world->world_rank = env.rank;
+  world->hostname = env.hostname;
+  world->store_address = env.redis.empty() ? "the FileStore in '" + env.rendezvous_dir + "'" : "Redis at " + env.redis;
   try {
     if (!env.redis.empty()) {
       const size_t colon = env.redis.rfind(':');
-      SWAPOPT_CHECK(colon != std::string::npos, "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
-      world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon),
-                                                                    std::stoi(env.redis.substr(colon + 1)));
+      const std::string port = colon == std::string::npos ? "" : env.redis.substr(colon + 1);
+      SWAPOPT_CHECK(!port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit) &&
+                        std::stoi(port) >= 1 && std::stoi(port) <= 65535,
+                    "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
+      world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon), std::stoi(port));
     } else {
       world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
     }
@@ -228,9 +260,12 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    SWAPOPT_FAIL("[comm] gloo setup on rank " << env.rank << ": " << e.what());
+    SWAPOPT_FAIL("[comm] gloo setup on world rank " << env.rank << " (" << world->store_address << ", this rank at "
+                                                    << env.hostname << "): " << e.what());
   }
-  return std::make_unique<GlooCommunicator>(world, env.rank, env.world_size, "world");
+  std::vector<int> everyone(size_t(env.world_size));
+  for (int r = 0; r < env.world_size; ++r) everyone[size_t(r)] = r;
+  return std::make_unique<GlooCommunicator>(world, env.rank, std::move(everyone), "world");
 }
 
 }  // namespace swapopt

@@ -88,10 +88,36 @@ TEST_SUITE("mp") {
     for (int i = 0; i < 2; ++i) {
       CAPTURE(r.ranks[size_t(i)].output);
       CHECK(r.ranks[size_t(i)].exit_code == 0);  // it saw the named error
-      CHECK(r.ranks[size_t(i)].output.find("named error: [comm] all_reduce on rank " + std::to_string(i)) != std::string::npos);
+      const std::string named = "named error: [comm] all_reduce on rank " + std::to_string(i) + " of group 'world' (world rank " +
+                                std::to_string(i) + "; the group is world ranks [0, 1, 2]): ";
+      CHECK(r.ranks[size_t(i)].output.find(named) != std::string::npos);
     }
     CHECK(r.ranks[2].exit_code == 3);
     std::system(("rm -rf " + dir).c_str());
+  }
+
+  TEST_CASE("a dead rank in a sub-group: the error names the group, its world ranks and the caller's") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    const auto r = test::launch_ranks(3, {worker(), "dead_rank_in_group"},
+                                      {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "3000"}}, std::chrono::seconds(30));
+    CHECK_FALSE(r.timed_out);
+    CAPTURE(r.ranks[1].output);
+    CHECK(r.ranks[0].exit_code == 0);
+    CHECK(r.ranks[1].exit_code == 0);
+    CHECK(r.ranks[1].output.find("named error: [comm] all_reduce on rank 0 of group 'pair' (world rank 1; the group is world "
+                                 "ranks [1, 2]): ") != std::string::npos);
+    CHECK(r.ranks[2].exit_code == 3);
+    std::system(("rm -rf " + dir).c_str());
+  }
+
+  TEST_CASE("Redis unreachable at rendezvous: a named error with the address tried") {
+    LaunchEnv env;
+    env.redis = "127.0.0.1:1";  // port 1: nothing listens
+    CHECK_THROWS_WITH_AS(make_gloo_communicator(env),
+                         doctest::Contains("[comm] gloo setup on world rank 0 (Redis at 127.0.0.1:1, this rank at 127.0.0.1): "),
+                         Error);
+    env.redis = "127.0.0.1:x";
+    CHECK_THROWS_WITH_AS(make_gloo_communicator(env), "[comm] SWAPOPT_REDIS must be host:port, got '127.0.0.1:x'", Error);
   }
 
   TEST_CASE("rendezvous through a real Redis server on loopback" * doctest::skip(std::system("command -v redis-server >/dev/null 2>&1") != 0)) {

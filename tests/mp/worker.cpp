@@ -297,6 +297,26 @@ void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm, bool same_cou
 
 }  // namespace
 
+/** The group's last rank leaves before an all_reduce; the others must fail with a named error in
+ *  time, which they print. The barrier and the pause first let every rank finish connecting (a
+ *  rank that leaves during the rendezvous fails it instead, which is not what this tests). */
+void peer_leaves(Communicator& group) {
+  group.barrier();
+  if (group.rank() == group.size() - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::_Exit(3);
+  }
+  Tensor t = filled(1024, 1.f);
+  try {
+    group.all_reduce(t)->wait();
+    expect(false, "all_reduce with a dead peer succeeded");
+  } catch (const Error& e) {
+    std::printf("named error: %s\n", e.what());
+    expect(std::strstr(e.what(), "[comm] all_reduce on rank ") != nullptr, "error names the collective and rank");
+    expect(std::strstr(e.what(), " (world rank ") != nullptr, "error names the world rank");
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
@@ -314,22 +334,13 @@ int main(int argc, char** argv) {
     } else if (scenario == "hsdp_grad_mismatch") {
       hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)), argc > 2 && std::string(argv[2]) == "same_count");
     } else if (scenario == "dead_rank") {
-      // The last rank leaves before the collective; the others must fail with a named error in time.
-      // The barrier and the pause first let every rank finish connecting (a rank that leaves
-      // during the rendezvous fails it instead, which is not what this tests).
+      peer_leaves(*comm);
+    } else if (scenario == "dead_rank_in_group") {
+      // World ranks 1 and 2 form the group 'pair', whose rank 1 (world rank 2) leaves: world rank
+      // 1's error names the group, its members' world ranks and its own (comm_test checks).
       comm->barrier();
-      if (comm->rank() == comm->size() - 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        std::_Exit(3);
-      }
-      Tensor t = filled(1024, 1.f);
-      try {
-        comm->all_reduce(t)->wait();
-        expect(false, "all_reduce with a dead peer succeeded");
-      } catch (const Error& e) {
-        std::printf("named error: %s\n", e.what());
-        expect(std::strstr(e.what(), "[comm] all_reduce on rank ") != nullptr, "error names the collective and rank");
-      }
+      if (comm->rank() == 0) return 0;
+      peer_leaves(*comm->sub_group({1, 2}, "pair"));
     } else {
       std::printf("unknown scenario '%s'\n", scenario.c_str());
       return 2;
