@@ -84,9 +84,10 @@ def run(args):
     info = machine_info(args.build, args.device)
     binary = os.path.join(args.build, "bench", "swapopt-bench")
     previous = os.path.join(data, "machine.json")
-    if args.only and os.path.exists(previous):  # the other benchmarks' record stays
-        info = {**json.load(open(previous)), **info}
-    info["commands"] = {**info.get("commands", {})}
+    kept = json.load(open(previous)) if args.only and os.path.exists(previous) else {}
+    # Each benchmark keeps its own date and commit: a partial run (--only) re-dates only its own.
+    info["commands"] = {**kept.get("commands", {})}
+    info["runs"] = {**kept.get("runs", {})}
     for name, flags in COMMANDS.items():
         if args.only and name not in args.only:
             continue
@@ -96,6 +97,7 @@ def run(args):
         with open(os.path.join(data, f"{name}.jsonl"), "w") as f:
             f.write(out)
         info["commands"][name] = command_line(name, args.device)
+        info["runs"][name] = {"date": info["date"], "commit": info.get("commit", "?")}
     with open(os.path.join(data, "machine.json"), "w") as f:
         json.dump(info, f, indent=1)
         f.write("\n")
@@ -254,11 +256,14 @@ def table(header, rows):
 
 def block_machine(info, device):
     gpu = f"GPU {info['gpu']}; host " if "gpu" in info else ""
-    lines = [f"Measured {info.get('date', '?')} at commit `{info.get('commit', '?')}` on {gpu}{info.get('cpu', '?')}, "
+    lines = [f"Measured on {gpu}{info.get('cpu', '?')}, "
              f"{info.get('memory', '?')}; {info.get('os', '?')}; {info.get('compiler', '?')}, {info.get('build', '?')}; "
              f"threads: {info.get('threads', '?')}; load average before the run: {info.get('load_before', '?')}.",
              "", "Commands (`make bench` runs them all and regenerates this page):", ""]
-    lines += [f"- `{c}`" for c in info.get("commands", {}).values()]
+    runs = info.get("runs", {})
+    for name, command in info.get("commands", {}).items():
+        run = runs.get(name, {"date": info.get("date", "?"), "commit": info.get("commit", "?")})
+        lines.append(f"- `{command}` ({run['date']}, commit `{run['commit']}`)")
     return "\n".join(lines)
 
 

@@ -16,36 +16,63 @@ constexpr int kMaxDepth = 64;
   SWAPOPT_FAIL("[checkpoint] metadata: " << what << " must be " << kind);
 }
 
-/** nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1, column 2: " prefix. */
+/** nlohmann's message without its "[json.exception.parse_error.101] " prefix and, for a parse
+ *  error, without "parse error at line 1, column 2: " (the caller gives the byte offset). */
 std::string reason_of(const nlohmann::json::exception& e) {
-  const std::string text = e.what();
-  const size_t colon = text.find(": ");
-  if (colon != std::string::npos) return text.substr(colon + 2);
+  std::string text = e.what();
   const size_t bracket = text.find("] ");
-  return bracket == std::string::npos ? text : text.substr(bracket + 2);
+  if (text.rfind("[json.exception.", 0) == 0 && bracket != std::string::npos) text = text.substr(bracket + 2);
+  if (text.rfind("parse error", 0) == 0) {
+    const size_t colon = text.find(": ");
+    if (colon != std::string::npos) text = text.substr(colon + 2);
+  }
+  return text;
 }
+
+/** A first pass over the text that only checks what nlohmann accepts and a checkpoint must not:
+ *  nesting deeper than kMaxDepth and a key twice in one object (nlohmann keeps the last). A SAX
+ *  pass, not a parser callback: with a callback nlohmann 3.11 rescans an object's siblings each
+ *  time one closes, quadratic in the tensor count of a header. */
+class BoundsCheck final : public nlohmann::json_sax<Value> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(true); }
+  bool key(string_t& key) override {
+    SWAPOPT_CHECK(open_.back().insert(key).second, "[checkpoint] bad JSON: duplicate key '" << key << "'");
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  /** A syntax error: stop here; the parse that follows reports it with its byte offset. */
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  bool open(bool) {
+    SWAPOPT_CHECK(open_.size() < size_t(kMaxDepth), "[checkpoint] bad JSON: nesting deeper than " << kMaxDepth << " levels");
+    open_.emplace_back();
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+  std::vector<std::set<std::string>> open_;  // the keys of each open object (empty for arrays)
+};
 
 }  // namespace
 
 Value parse(std::string_view text) {
-  // The parser callback sees every object and array open and close and every key: it bounds the
-  // nesting and keeps each open object's keys to reject a duplicate (nlohmann keeps the last one).
-  std::vector<std::set<std::string>> open;  // one entry per open object or array
-  auto callback = [&open](int, nlohmann::json::parse_event_t event, Value& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start || event == Event::array_start) {
-      SWAPOPT_CHECK(open.size() < size_t(kMaxDepth), "[checkpoint] bad JSON: nesting deeper than " << kMaxDepth << " levels");
-      open.emplace_back();
-    } else if (event == Event::object_end || event == Event::array_end) {
-      open.pop_back();
-    } else if (event == Event::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      SWAPOPT_CHECK(open.back().insert(key).second, "[checkpoint] bad JSON: duplicate key '" << key << "'");
-    }
-    return true;
-  };
   try {
-    return Value::parse(text.begin(), text.end(), callback);
+    BoundsCheck bounds;
+    Value::sax_parse(text.begin(), text.end(), &bounds);
+    return Value::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts the bytes read, the offending one included: report its 0-based offset.
     SWAPOPT_FAIL("[checkpoint] bad JSON at byte " << (e.byte > 0 ? e.byte - 1 : 0) << ": " << reason_of(e));
