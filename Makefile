@@ -5,7 +5,7 @@ MESON_ARGS ?=
 # nvcc lives here on the CUDA images; with it on PATH the CUDA backend is built (cuda=auto).
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: deps configure build demo demo-hsdp test bench docs clean
+.PHONY: deps configure build demo demo-hsdp test test-hosts bench docs clean
 
 deps:
 	@scripts/install-deps.sh
@@ -40,6 +40,11 @@ docs: configure
 
 test: build
 	$(BUILD)/tests/swapopt-tests
+
+# Ranks on several "hosts": network namespaces on a bridge, Redis on its own host; bitwise equal to
+# one host, and named errors in time for a partition, a killed or stopped rank, no Redis (root).
+test-hosts: build
+	tests/hosts/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

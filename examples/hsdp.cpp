@@ -33,10 +33,11 @@ struct Config {
   int steps = 60;
   int swap_times = 3;
   bool swap = true;
+  bool fingerprint = false;  // every rank prints hashes of its params and optimizer state at the end
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "swapopt-hsdp: %s\nflags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --help\n",
+  std::fprintf(stderr, "swapopt-hsdp: %s\nflags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --fingerprint --help\n",
                why.c_str());
   std::exit(2);
 }
@@ -47,11 +48,15 @@ Config parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::printf("swapopt-hsdp: data-parallel training with swapped HSDP Muon on an RxS mesh of local processes\n"
-                  "flags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --help\n");
+                  "flags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --fingerprint --help\n");
       std::exit(0);
     }
     if (flag == "--no-swap") {
       c.swap = false;
+      continue;
+    }
+    if (flag == "--fingerprint") {
+      c.fingerprint = true;
       continue;
     }
     if (i + 1 >= argc) usage("missing value for " + flag);
@@ -72,6 +77,13 @@ Config parse(int argc, char** argv) {
     usage("sizes must be positive");
   if (c.hidden % c.shards != 0 || c.output % c.shards != 0) usage("--hidden must be a multiple of the shard count");
   return c;
+}
+
+/** FNV-1a over `n` bytes, continuing from `h`: a fingerprint to compare runs bit for bit. */
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 14695981039346656037ull) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
 }
 
 /** Starts every rank of the mesh from this program and returns the worst exit code. */
@@ -236,7 +248,19 @@ int run_rank(const Config& c) {
     if (step == 1) first_loss = loss;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     total_ms += ms;
-    if (lead && (step == 1 || step % 10 == 0 || step == c.steps)) std::printf("step %4d  loss %.5f  step %.1f ms\n", step, loss, ms);
+    if (lead && (step == 1 || step % 10 == 0 || step == c.steps)) {
+      std::printf("step %4d  loss %.5f  step %.1f ms\n", step, loss, ms);
+      std::fflush(stdout);  // progress reaches a log file or pipe as it happens
+    }
+  }
+
+  if (c.fingerprint) {  // this rank's params and optimizer state, bit for bit (tests/hosts compares runs)
+    uint64_t params = fnv1a(nullptr, 0), state = fnv1a(nullptr, 0);
+    for (const ParamPtr& w : weights) params = fnv1a(w->data.data_ptr(), w->data.nbytes(), params);
+    const StateDict sd = c.swap ? swapped->state_dict() : muon.state_dict();
+    for (const auto& [name, t] : sd.tensors) state = fnv1a(t.data_ptr(), t.nbytes(), fnv1a(name.data(), name.size(), state));
+    std::printf("fingerprint rank %d: params %016llx state %016llx loss %.9g\n", env.rank, (unsigned long long)params,
+                (unsigned long long)state, double(loss));
   }
 
   // What HSDP and swap save: momentum bytes this rank holds, against one unsharded replica's.

@@ -19,7 +19,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../cpu/cpu_stream.h"
@@ -250,7 +252,20 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
       SWAPOPT_CHECK(!port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit) &&
                         std::stoi(port) >= 1 && std::stoi(port) <= 65535,
                     "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
-      world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon), std::stoi(port));
+      // Redis may not be up yet, or a first SYN may be lost: try again until the timeout, then
+      // report the last failure (the catch below names the address).
+      const auto deadline = std::chrono::steady_clock::now() + env.timeout;
+      for (int attempt = 1;; ++attempt) {
+        try {
+          world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon), std::stoi(port));
+          break;
+        } catch (const std::exception& e) {
+          if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline)
+            throw std::runtime_error(std::string(e.what()) + " (" + std::to_string(attempt) + " attempts in " +
+                                     std::to_string(env.timeout.count()) + " ms)");
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+      }
     } else {
       world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
     }

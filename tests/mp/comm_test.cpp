@@ -113,9 +113,14 @@ TEST_SUITE("mp") {
   TEST_CASE("Redis unreachable at rendezvous: a named error with the address tried") {
     LaunchEnv env;
     env.redis = "127.0.0.1:1";  // port 1: nothing listens
+    env.timeout = std::chrono::milliseconds(1000);
+    const auto t0 = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH_AS(make_gloo_communicator(env),
                          doctest::Contains("[comm] gloo setup on world rank 0 (Redis at 127.0.0.1:1, this rank at 127.0.0.1): "),
                          Error);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(seconds > 0.5);  // retried while the timeout lasted
+    CHECK(seconds < 3.0);
     env.redis = "127.0.0.1:x";
     CHECK_THROWS_WITH_AS(make_gloo_communicator(env), "[comm] SWAPOPT_REDIS must be host:port, got '127.0.0.1:x'", Error);
   }

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Many hosts on one machine: each rank in its own network namespace with its own address, joined by
+# a bridge inside a switch namespace, Redis on a host of its own. Needs root (ip netns).
+#
+#   tests/hosts/run.sh [BUILD]       # make test-hosts
+#
+# Scenarios (each prints its figure):
+#   1. HSDP on a 2x2 mesh across 4 hosts equals the one-host run bit for bit (params and state).
+#   4. A host partitioned mid-run: every surviving rank exits with the named error in time.
+#   5. A rank killed mid-run: the same.
+#   6. Redis unreachable at rendezvous: a named error naming the address, in time.
+#   7. A rank stopped (SIGSTOP) past the timeout: the others fail cleanly.
+# Everything it made (namespaces, links, processes) is removed on exit, even when it is killed,
+# and checked gone at the end. Delay, loss and restart scenarios are not built yet (issue 15).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build}
+HSDP=$PWD/$BUILD/examples/swapopt-hsdp
+PREFIX=swo$$  # namespace and link names: unique to this run
+SWITCH=$PREFIX-sw
+HOSTS=4
+REDIS_HOST=$HOSTS  # the fifth host
+NET=10.77.$(($$ % 200 + 20))
+TIMEOUT_MS=4000
+STEPS=400  # long enough that a fault lands mid-run
+# A collective's named error (not the rendezvous'): "[comm] all_gather on rank 0 of group 'shard.0' (world rank 0; ...)"
+COLLECTIVE_ERROR="\[comm\] (all_gather|all_reduce|broadcast|barrier|reduce_scatter) on rank [0-9]+ of group '[^']+' \(world rank [0-9]+"
+work=$(mktemp -d)
+passed=0
+failed=0
+
+if [ "$(id -u)" -ne 0 ] || ! ip netns list > /dev/null 2>&1; then
+  echo "test-hosts: skipped: needs root and ip netns"
+  echo "tests: 0 passed, 0 failed, 1 skipped"
+  exit 0
+fi
+[ -x "$HSDP" ] || { echo "test-hosts: $HSDP not built"; exit 1; }
+command -v redis-server > /dev/null || scripts/install-deps.sh
+
+host() { echo "$PREFIX-h$1"; }
+addr() { echo "$NET.$(($1 + 10))"; }
+
+cleanup() {
+  for ns in $(ip netns list | awk -v p="$PREFIX-" 'index($1, p) == 1 {print $1}'); do
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
+    ip netns del "$ns" 2> /dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+setup() {
+  ip netns add "$SWITCH"
+  ip -n "$SWITCH" link add br0 type bridge
+  ip -n "$SWITCH" link set br0 up
+  for i in $(seq 0 $HOSTS); do
+    local ns
+    ns=$(host "$i")
+    ip netns add "$ns"
+    # One veth pair per host, made inside the switch namespace so no link ever exists outside.
+    ip -n "$SWITCH" link add "p$i" type veth peer name eth0 netns "$ns"
+    ip -n "$SWITCH" link set "p$i" master br0 up
+    ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+  done
+  # Static neighbours: address resolution on this bridge was seen to stall for seconds under load
+  # (an INCOMPLETE entry for Redis), which is not what these scenarios test.
+  for i in $(seq 0 $HOSTS); do
+    local mac
+    mac=$(ip -n "$(host "$i")" -o link show eth0 | grep -o 'link/ether [0-9a-f:]*' | cut -d' ' -f2)
+    for j in $(seq 0 $HOSTS); do
+      [ "$i" -eq "$j" ] || ip -n "$(host "$j")" neigh replace "$(addr "$i")" lladdr "$mac" dev eth0 nud permanent
+    done
+  done
+}
+
+start_redis() {
+  ip netns exec "$(host $REDIS_HOST)" redis-server --bind "$(addr $REDIS_HOST)" --protected-mode no --port 6379 --save '' --appendonly no \
+    --daemonize yes --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid" > /dev/null
+  for _ in $(seq 100); do
+    ip netns exec "$(host $REDIS_HOST)" redis-cli -h "$(addr $REDIS_HOST)" ping > /dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "redis did not start"; return 1
+}
+
+flush_redis() { ip netns exec "$(host $REDIS_HOST)" redis-cli -h "$(addr $REDIS_HOST)" flushall > /dev/null; }
+
+# Starts rank i in host i (extra flags for swapopt-hsdp after the steps); its output in $work/rank$i.
+start_rank() {
+  local i=$1 steps=$2
+  shift 2
+  ip netns exec "$(host "$i")" env RANK="$i" WORLD_SIZE=$HOSTS LOCAL_RANK=0 SWAPOPT_REDIS="$(addr $REDIS_HOST):6379" \
+    SWAPOPT_HOSTNAME="$(addr "$i")" SWAPOPT_TIMEOUT_MS=$TIMEOUT_MS OMP_NUM_THREADS=1 \
+    "$HSDP" --mesh 2x2 --steps "$steps" "$@" > "$work/rank$i" 2>&1 &
+  pids[$i]=$!
+}
+
+result() {  # name, ok (0/1), figure; inside attempt() only remembered
+  if [ -n "${attempting:-}" ]; then
+    last_name=$1 last_ok=$2 last_figure=$3
+    return
+  fi
+  if [ "$2" -eq 0 ]; then
+    passed=$((passed + 1)); echo "ok: $1: $3"
+  else
+    failed=$((failed + 1)); echo "FAILED: $1: $3"
+  fi
+}
+
+# Runs a scenario (a function calling result once) up to three times while it fails: a network
+# test on a shared 2-core machine sometimes sees a rank's first connection to Redis time out
+# (seen for one rank in a few runs, the network reachable just before). Every failed attempt is
+# printed, so a flake shows; only three failures in a row fail the scenario.
+attempt() {
+  attempting=1
+  local tries=1
+  "$@"
+  while [ "$last_ok" -ne 0 ] && [ $tries -lt 3 ]; do
+    echo "attempt $tries failed: $last_name: $last_figure"
+    tries=$((tries + 1))
+    "$@"
+  done
+  [ "$last_ok" -eq 0 ] && [ $tries -gt 1 ] && last_figure="$last_figure (attempt $tries; the failed ones above)"
+  attempting=""
+  result "$last_name" "$last_ok" "$last_figure"
+}
+
+wait_all() {  # waits for every rank; their exit codes in $codes (no subshell: it must be their parent)
+  codes=""
+  for i in $(seq 0 $((HOSTS - 1))); do
+    wait "${pids[$i]}"
+    codes+="$? "
+  done
+}
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+fingerprints() { grep -h '^fingerprint rank' "$@" | sort; }
+
+scenario_bitwise() {
+  flush_redis
+  local t0=$SECONDS
+  for i in $(seq 0 $((HOSTS - 1))); do start_rank "$i" 20 --fingerprint; done
+  wait_all
+  local hosts_fp local_fp
+  hosts_fp=$(fingerprints "$work"/rank*)
+  OMP_NUM_THREADS=1 "$HSDP" --mesh 2x2 --steps 20 --fingerprint > "$work/local" 2>&1
+  local_fp=$(fingerprints "$work/local")
+  local ok=1
+  [ "$codes" = "0 0 0 0 " ] && [ -n "$hosts_fp" ] && [ "$hosts_fp" = "$local_fp" ] && [ "$(echo "$hosts_fp" | wc -l)" -eq 4 ] && ok=0
+  result "1. 2x2 HSDP across 4 hosts equals one host bitwise" $ok \
+    "exit codes $codes, $((SECONDS - t0)) s; $(echo "$hosts_fp" | head -n 1) (and 3 more ranks, $( [ $ok -eq 0 ] && echo equal || echo DIFFERENT))"
+  [ $ok -eq 0 ] || { echo "hosts:"; echo "$hosts_fp"; echo "one host:"; echo "$local_fp"; }
+}
+
+# Runs a fault against rank 3 after the run is under way; the other ranks must exit non-zero with
+# the named error within the timeout plus a margin, none may hang.
+scenario_fault() {
+  local name=$1 fault=$2
+  flush_redis
+  for i in $(seq 0 $((HOSTS - 1))); do start_rank "$i" $STEPS; done
+  local started=1
+  for _ in $(seq 400); do grep -q '^step   10' "$work/rank0" 2> /dev/null && { started=0; break; }; sleep 0.05; done
+  local t0
+  t0=$(now_ms)
+  eval "$fault"
+  local codes="" ok=$started
+  for i in 0 1 2; do
+    local waited=0
+    while kill -0 "${pids[$i]}" 2> /dev/null && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "${pids[$i]}" 2> /dev/null; then ok=1; codes+="hung "; kill -9 "${pids[$i]}"; wait "${pids[$i]}" 2> /dev/null; continue; fi
+    wait "${pids[$i]}"
+    local code=$?
+    codes+="$code "
+    [ "$code" -ne 0 ] || ok=1
+    grep -q -E "$COLLECTIVE_ERROR" "$work/rank$i" || ok=1
+  done
+  local seconds=$((($(now_ms) - t0) / 100))  # tenths
+  { kill -9 "${pids[3]}"; wait "${pids[3]}"; } 2> /dev/null
+  ip -n "$SWITCH" link set p3 up  # heal a partition for the next scenario, and wait until it carries
+  for _ in $(seq 100); do
+    ip netns exec "$(host 3)" redis-cli -h "$(addr $REDIS_HOST)" ping > /dev/null 2>&1 && break
+    sleep 0.1
+  done
+  local error
+  error=$(grep -h -o -E "$COLLECTIVE_ERROR.*" "$work/rank0" | head -n 1)
+  [ $ok -eq 0 ] || for i in 0 1 2 3; do echo "-- rank $i:"; tail -n 3 "$work/rank$i"; done
+  [ $ok -eq 0 ] || { ip -n "$(host 3)" neigh; ip -n "$SWITCH" link show p3; ip -n "$SWITCH" -s link show p3 | tail -4; }
+  result "$name" $ok "ranks 0-2 exit codes $codes, all gone $((seconds / 10)).$((seconds % 10)) s after the fault; rank 0: ${error:-no error}"
+}
+
+scenario_redis_unreachable() {
+  local t0=$SECONDS
+  ip netns exec "$(host 0)" env RANK=0 WORLD_SIZE=$HOSTS SWAPOPT_REDIS="$NET.99:6379" SWAPOPT_HOSTNAME="$(addr 0)" \
+    SWAPOPT_TIMEOUT_MS=$TIMEOUT_MS "$HSDP" --mesh 2x2 --steps 1 > "$work/unreachable" 2>&1
+  local code=$? ok=1
+  [ $code -ne 0 ] && grep -q "Redis at $NET.99:6379" "$work/unreachable" && [ $((SECONDS - t0)) -le $((TIMEOUT_MS / 1000 + 10)) ] && ok=0
+  result "6. Redis unreachable at rendezvous" $ok \
+    "exit $code after $((SECONDS - t0)) s: $(grep -o '\[comm\].*' "$work/unreachable" | head -n 1)"
+}
+
+pids=()
+setup || { echo "test-hosts: could not make the namespaces"; exit 1; }
+start_redis || exit 1
+echo "test-hosts: $HOSTS hosts $NET.10-$NET.$((HOSTS + 9)), Redis at $(addr $REDIS_HOST):6379, timeout $TIMEOUT_MS ms"
+attempt scenario_bitwise
+# (stderr off: bash's own "Killed" notices of rank 3)
+attempt scenario_fault "4. host 3 partitioned mid-run" 'ip -n "$SWITCH" link set p3 down' 2> /dev/null
+attempt scenario_fault "5. rank 3 killed mid-run" 'kill -9 "${pids[3]}"' 2> /dev/null
+attempt scenario_fault "7. rank 3 stopped past the timeout" 'kill -STOP "${pids[3]}"' 2> /dev/null
+attempt scenario_redis_unreachable
+
+cleanup
+trap - EXIT
+left=$(ip netns list | grep -c "^$PREFIX-" || true)
+procs=$(pgrep -f "$HSDP" | wc -l)
+result "cleanup: no namespace, link or process left" $([ "$left" -eq 0 ] && [ "$procs" -eq 0 ] && echo 0 || echo 1) \
+  "$left namespaces, $procs processes"
+echo "tests: $passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]
