@@ -11,6 +11,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <hiredis/hiredis.h>
 
 #include <algorithm>
 #include <cctype>
@@ -252,20 +253,22 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
       SWAPOPT_CHECK(!port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit) &&
                         std::stoi(port) >= 1 && std::stoi(port) <= 65535,
                     "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
-      // Redis may not be up yet, or a first SYN may be lost: try again until the timeout, then
-      // report the last failure (the catch below names the address).
+      // Redis may not be up yet, or a first SYN may be lost: probe it with a bounded connect until
+      // the timeout, then report the last failure (the catch below names the address). The probe
+      // also spares Gloo's RedisStore a failed connect, whose constructor then leaks its context.
+      const std::string host = env.redis.substr(0, colon);
       const auto deadline = std::chrono::steady_clock::now() + env.timeout;
       for (int attempt = 1;; ++attempt) {
-        try {
-          world->store = std::make_shared<gloo::rendezvous::RedisStore>(env.redis.substr(0, colon), std::stoi(port));
-          break;
-        } catch (const std::exception& e) {
-          if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline)
-            throw std::runtime_error(std::string(e.what()) + " (" + std::to_string(attempt) + " attempts in " +
-                                     std::to_string(env.timeout.count()) + " ms)");
-          std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        }
+        redisContext* probe = redisConnectWithTimeout(host.c_str(), std::stoi(port), timeval{1, 0});
+        const std::string failure = probe == nullptr ? "cannot allocate a Redis context" : probe->err ? probe->errstr : "";
+        if (probe != nullptr) redisFree(probe);
+        if (failure.empty()) break;
+        if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline)
+          throw std::runtime_error("Connecting to Redis: " + failure + " (" + std::to_string(attempt) + " attempts in " +
+                                   std::to_string(env.timeout.count()) + " ms)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
+      world->store = std::make_shared<gloo::rendezvous::RedisStore>(host, std::stoi(port));
     } else {
       world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
     }
