@@ -249,17 +249,18 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
   try {
     if (!env.redis.empty()) {
       const size_t colon = env.redis.rfind(':');
-      const std::string port = colon == std::string::npos ? "" : env.redis.substr(colon + 1);
-      SWAPOPT_CHECK(!port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit) &&
-                        std::stoi(port) >= 1 && std::stoi(port) <= 65535,
-                    "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
+      const std::string port_text = colon == std::string::npos ? "" : env.redis.substr(colon + 1);
+      const bool digits = !port_text.empty() && port_text.size() <= 5 &&
+                          std::all_of(port_text.begin(), port_text.end(), ::isdigit);
+      const int port = digits ? std::stoi(port_text) : 0;
+      SWAPOPT_CHECK(port >= 1 && port <= 65535, "[comm] SWAPOPT_REDIS must be host:port, got '" << env.redis << "'");
       // Redis may not be up yet, or a first SYN may be lost: probe it with a bounded connect until
       // the timeout, then report the last failure (the catch below names the address). The probe
       // also spares Gloo's RedisStore a failed connect, whose constructor then leaks its context.
       const std::string host = env.redis.substr(0, colon);
       const auto deadline = std::chrono::steady_clock::now() + env.timeout;
       for (int attempt = 1;; ++attempt) {
-        redisContext* probe = redisConnectWithTimeout(host.c_str(), std::stoi(port), timeval{1, 0});
+        redisContext* probe = redisConnectWithTimeout(host.c_str(), port, timeval{1, 0});
         const std::string failure = probe == nullptr ? "cannot allocate a Redis context" : probe->err ? probe->errstr : "";
         if (probe != nullptr) redisFree(probe);
         if (failure.empty()) break;
@@ -268,7 +269,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
                                    std::to_string(env.timeout.count()) + " ms)");
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
-      world->store = std::make_shared<gloo::rendezvous::RedisStore>(host, std::stoi(port));
+      world->store = std::make_shared<gloo::rendezvous::RedisStore>(host, port);
     } else {
       world->store = std::make_shared<gloo::rendezvous::FileStore>(env.rendezvous_dir);
     }

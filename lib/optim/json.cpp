@@ -42,19 +42,19 @@ class BoundsCheck final : public nlohmann::json_sax<Value> {
   bool number_float(number_float_t, const string_t&) override { return true; }
   bool string(string_t&) override { return true; }
   bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return open(true); }
+  bool start_object(std::size_t) override { return open(); }
   bool key(string_t& key) override {
     SWAPOPT_CHECK(open_.back().insert(key).second, "[checkpoint] bad JSON: duplicate key '" << key << "'");
     return true;
   }
   bool end_object() override { return close(); }
-  bool start_array(std::size_t) override { return open(false); }
+  bool start_array(std::size_t) override { return open(); }
   bool end_array() override { return close(); }
   /** A syntax error: stop here; the parse that follows reports it with its byte offset. */
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
  private:
-  bool open(bool) {
+  bool open() {
     SWAPOPT_CHECK(open_.size() < size_t(kMaxDepth), "[checkpoint] bad JSON: nesting deeper than " << kMaxDepth << " levels");
     open_.emplace_back();
     return true;
