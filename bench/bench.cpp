@@ -10,6 +10,8 @@
 //   swapopt-bench adamw     an AdamW step over the same shapes, by width
 //   swapopt-bench scale     AdamW over 100..50000 small params: swapped vs bare step, state_dict
 //                           and load_state_dict time per param (what grows with the param count)
+//   swapopt-bench pipeline  GB/s of pinned H2D alone, D2H alone and both at once on two streams
+//                           (as the swap pipeline copies), vs a device-to-device copy
 //   options: --device cpu|cuda  --reps N  --dim D (model width: swap's, and the only one of step/adamw)
 #include <algorithm>
 #include <chrono>
@@ -178,7 +180,7 @@ void run_swap(const Options& o) {
         const auto t1 = std::chrono::steady_clock::now();
         swapped->step();
         stream.synchronize();
-        swapped->runtime().copy_stream().synchronize();
+        swapped->runtime().synchronize_copies();
         const auto t2 = std::chrono::steady_clock::now();
         const SwapStepReport report = swapped->last_report();
         if (r == 0) continue;  // warm-up
@@ -289,10 +291,50 @@ void run_scale(const Options& o) {
   }
 }
 
+/** The swap pipeline's copies without the math: pinned host <-> device on two streams, one per
+ *  direction (the runtime's layout), each direction alone and both at once. On a GPU, a
+ *  full-duplex link moves nearly twice one direction's bytes at once; on the CPU backend both
+ *  "sides" are the same RAM, so this is memory bandwidth shared by two threads. */
+void run_pipeline(const Options& o) {
+  std::fprintf(stderr, "%10s %10s %10s %12s %10s %8s\n", "MiB", "h2d_GB/s", "d2h_GB/s", "both_GB/s", "d2d_GB/s", "both/one");
+  Stream h2d(o.device), d2h(o.device);
+  for (int64_t mib : {int64_t(16), int64_t(64), int64_t(256)}) {
+    const int64_t n = mib * (int64_t(1) << 20) / 4;
+    auto pinned = [&] {
+      auto storage = std::make_shared<Storage>(size_t(n) * 4, Device::cpu(), pinned_host_allocator());
+      std::memset(storage->data(), 1, storage->nbytes());
+      return Tensor::on_storage(storage, 0, {n}, DType::f32);
+    };
+    const Tensor host_in = pinned(), host_out = pinned();
+    const Tensor dev_in = Tensor::zeros({n}, DType::f32, o.device), dev_out = Tensor::zeros({n}, DType::f32, o.device);
+    const double gb = double(n) * 4 / 1e9;  // one direction's bytes, in GB (GB/s = gb / ms * 1e3)
+    const auto sync_both = [&] {
+      h2d.synchronize();
+      d2h.synchronize();
+    };
+    const Spread one_h2d = time_ms(o.reps, [&] { ops::copy(h2d, host_in, dev_in); }, sync_both);
+    const Spread one_d2h = time_ms(o.reps, [&] { ops::copy(d2h, dev_out, host_out); }, sync_both);
+    const Spread both = time_ms(o.reps, [&] {
+          ops::copy(h2d, host_in, dev_in);
+          ops::copy(d2h, dev_out, host_out);
+        }, sync_both);
+    const Spread d2d = time_ms(o.reps, [&] { ops::copy(h2d, dev_in, dev_out); }, sync_both);
+    const Spread h2d_gbs = one_h2d.rate(gb * 1e3), d2h_gbs = one_d2h.rate(gb * 1e3), both_gbs = both.rate(2 * gb * 1e3),
+                 d2d_gbs = d2d.rate(gb * 1e3);
+    // Both at once against the faster direction alone: 2.0 is perfect overlap, 1.0 none.
+    const double duplex = both_gbs.median / std::max(h2d_gbs.median, d2h_gbs.median);
+    std::printf("{\"bench\":\"pipeline\",\"device\":\"%s\",\"mib\":%lld,%s,%s,%s,%s,\"duplex\":%.3f}\n",
+                o.device.str().c_str(), (long long)mib, h2d_gbs.json("h2d_gbs").c_str(), d2h_gbs.json("d2h_gbs").c_str(),
+                both_gbs.json("both_gbs").c_str(), d2d_gbs.json("d2d_gbs").c_str(), duplex);
+    std::fprintf(stderr, "%10lld %10.2f %10.2f %12.2f %10.2f %8.3f\n", (long long)mib, h2d_gbs.median, d2h_gbs.median,
+                 both_gbs.median, d2d_gbs.median, duplex);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale [--device cpu|cuda] [--reps N] [--dim D]\n";
+  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline [--device cpu|cuda] [--reps N] [--dim D]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -323,6 +365,7 @@ int main(int argc, char** argv) {
     else if (command == "step") run_step(o);
     else if (command == "adamw") run_adamw(o);
     else if (command == "scale") run_scale(o);
+    else if (command == "pipeline") run_pipeline(o);
     else {
       std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());
       return 2;

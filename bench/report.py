@@ -29,6 +29,7 @@ COMMANDS = {
     "step": ["step", "--reps", "3"],
     "adamw": ["adamw", "--reps", "7"],
     "scale": ["scale", "--reps", "3"],
+    "pipeline": ["pipeline", "--reps", "7"],
 }
 
 
@@ -147,10 +148,15 @@ def write_dat(tmp, name, rows):
     return path
 
 
-def plot_pair(out, tmp, size, title, ylabel, labels, first, second, names):
-    """Two bars per label (`first` and `second`: field names with _lo/_hi spreads), from zero."""
-    dat = write_dat(tmp, "pair.dat", [[f'"{label}"'] + [r[k] for f in (first, second) for k in (f, f + "_lo", f + "_hi")]
+COLORS = ["#4878d0", "#ee854a", "#6acc64", "#999999"]
+
+
+def plot_bars(out, tmp, size, title, ylabel, labels, fields, names):
+    """One bar per field and label (fields: names with _lo/_hi spreads, drawn as bars), from zero."""
+    dat = write_dat(tmp, "bars.dat", [[f'"{label}"'] + [r[k] for f in fields for k in (f, f + "_lo", f + "_hi")]
                                       for label, r in labels])
+    series = ", ".join(f"'{dat if i == 0 else ''}' using {2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i}{':xtic(1)' if i == 0 else ''} "
+                       f"title '{name}' lc rgb '{COLORS[i]}'" for i, name in enumerate(names))
     gnuplot(HEADER.format(w=size[0], h=size[1], out=out) + f"""
 set title '{title} (median, bars: fastest-slowest run)'
 set ylabel '{ylabel}'
@@ -159,20 +165,21 @@ set style data histograms
 set style histogram errorbars gap 2 lw 1
 set style fill solid 0.85 border -1
 {"set xtics rotate by -25" if len(labels) > 6 else ""}
-plot '{dat}' using 2:3:4:xtic(1) title '{names[0]}' lc rgb '#4878d0', '' using 5:6:7 title '{names[1]}' lc rgb '#ee854a'
+{"set key below" if len(names) > 2 else ""}
+plot {series}
 """)
 
 
 def plot_ns(rows, out, tmp, device):
-    plot_pair(out, tmp, (900, 480), f"Newton-Schulz vs GEMM throughput on {device}", "GFLOP/s (useful flops)",
-              [(f'{r["m"]}x{r["n"]} {r["dtype"]}', r) for r in rows], "ns_gflops", "gemm_gflops",
+    plot_bars(out, tmp, (900, 480), f"Newton-Schulz vs GEMM throughput on {device}", "GFLOP/s (useful flops)",
+              [(f'{r["m"]}x{r["n"]} {r["dtype"]}', r) for r in rows], ("ns_gflops", "gemm_gflops"),
               ("Newton-Schulz (5 steps)", "GEMM [k,k]@[k,l]"))
 
 
 def plot_momentum(rows, out, tmp, device):
-    plot_pair(out, tmp, (700, 440), f"Fused Muon momentum vs memcpy on {device}",
+    plot_bars(out, tmp, (700, 440), f"Fused Muon momentum vs memcpy on {device}",
               "GB/s moved (momentum 16 B/element, memcpy 8 B)", [(f'{elements(r["elements"])} f32', r) for r in rows],
-              "momentum_gbs", "memcpy_gbs", ("momentum update", "memcpy"))
+              ("momentum_gbs", "memcpy_gbs"), ("momentum update", "memcpy"))
 
 
 def plot_swap(rows, out, tmp, device):
@@ -244,6 +251,13 @@ plot '{dat}' using 1:4:5:6 with yerrorlines title 'state_dict()' lc rgb '#4878d0
      '' using 1:7:8:9 with yerrorlines title 'load_state_dict()' lc rgb '#ee854a' pt 5
 unset multiplot
 """)
+
+
+def plot_pipeline(rows, out, tmp, device):
+    plot_bars(out, tmp, (900, 460), f"Swap pipeline copies on {device}, pinned host and device",
+              "GB/s (both at once: the two directions together)", [(f'{r["mib"]} MiB', r) for r in rows],
+              ("h2d_gbs", "d2h_gbs", "both_gbs", "d2d_gbs"),
+              ("H2D alone", "D2H alone", "H2D + D2H at once (two streams)", "device to device"))
 
 
 # ---- tables --------------------------------------------------------------------------------
@@ -323,6 +337,13 @@ def block_scale(rows):
     return body
 
 
+def block_pipeline(rows):
+    body = table(["copy size", "H2D GB/s", "D2H GB/s", "both at once GB/s", "both / faster one", "device-to-device GB/s"],
+                 [[f"{r['mib']} MiB", spread(r, "h2d_gbs", "{:.2f}"), spread(r, "d2h_gbs", "{:.2f}"),
+                   spread(r, "both_gbs", "{:.2f}"), f"{r['duplex']:.2f}", spread(r, "d2d_gbs", "{:.2f}")] for r in rows])
+    return body
+
+
 def replace_block(text, name, device, body):
     begin, end = f"<!-- begin bench {name} {device} -->", f"<!-- end bench {name} {device} -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
@@ -365,6 +386,9 @@ def render(args):
         if rows["scale"]:
             plot_scale(rows["scale"], png("scale"), tmp, args.device)
             text = replace_block(text, "scale", args.device, block_scale(rows["scale"]))
+        if rows["pipeline"]:
+            plot_pipeline(rows["pipeline"], png("pipeline"), tmp, args.device)
+            text = replace_block(text, "pipeline", args.device, block_pipeline(rows["pipeline"]))
     text = replace_block(text, "machine", args.device, block_machine(info, args.device))
     with open(doc_path, "w") as f:
         f.write(text)

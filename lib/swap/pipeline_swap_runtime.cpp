@@ -39,20 +39,27 @@ const char* slot_state_name(SlotState state) {
 PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
     : config_(std::move(config)),
       compute_(compute),
-      copy_(compute.device()),
+      h2d_(compute.device()),
+      d2h_(compute.device()),
       ready_{Event(compute.device()), Event(compute.device())},
       offloaded_{Event(compute.device()), Event(compute.device())},
       compute_mark_(compute.device()),
+      last_offload_(compute.device()),
       reports_{ReportInFlight(compute.device()), ReportInFlight(compute.device())} {
   config_.validate();
 }
 
 PipelineSwapRuntime::~PipelineSwapRuntime() {
   try {
-    copy_.synchronize();
+    synchronize_copies();
     compute_.synchronize();
   } catch (...) {  // destructors never throw; a stream error was already reported by step()
   }
+}
+
+void PipelineSwapRuntime::synchronize_copies() {
+  h2d_.synchronize();
+  d2h_.synchronize();
 }
 
 void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& optimizer) {
@@ -105,9 +112,9 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
   // the copies complete before the trainer's next forward/backward needs that memory.
   if (!adopted.empty()) {
     compute_mark_.record(compute_);
-    copy_.wait(compute_mark_);
-    for (SwapSlot* slot : adopted) ops::copy(copy_, slot->device, slot->host);
-    copy_.synchronize();
+    d2h_.wait(compute_mark_);
+    for (SwapSlot* slot : adopted) ops::copy(d2h_, slot->device, slot->host);
+    d2h_.synchronize();
     for (SwapSlot* slot : adopted) slot->device.storage()->release();
   }
 }
@@ -307,13 +314,14 @@ void PipelineSwapRuntime::end_report() {
     if (slot->created) report_.state_bytes += slot->host.nbytes();
   set.report = report_;
   set.compute_done.record(compute_);
-  set.copy_done.record(copy_);
+  set.h2d_done.record(h2d_);
+  set.d2h_done.record(d2h_);
   set.pending = true;
   set.step = ++steps_reported_;
 }
 
 void PipelineSwapRuntime::retire(ReportInFlight& set, bool force) {
-  const bool done = set.compute_done.query() && set.copy_done.query();
+  const bool done = set.compute_done.query() && set.h2d_done.query() && set.d2h_done.query();
   if (!done && !force) return;
   set.report.exposed_wait_ms = done ? 0.0 : -1.0;
   for (size_t i = 0; done && i + 1 < set.timers_used; i += 2)
@@ -327,7 +335,7 @@ void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
     const std::array<size_t, 3> need = arena_needs(batches, parity);
     for (size_t d = 0; d < 3; ++d) {
       if (need[d] == 0) continue;
-      arenas_[parity][d] = std::make_shared<Storage>(need[d], compute_.device(), device_allocator(compute_.device()), &copy_);
+      arenas_[parity][d] = std::make_shared<Storage>(need[d], compute_.device(), device_allocator(compute_.device()), &h2d_);
       track_resident((long long)need[d]);
     }
   }
@@ -353,7 +361,7 @@ size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to
       const int64_t elements = int64_t((r.host_end - r.host_begin) / size);
       const Tensor host = Tensor::on_storage(host_buffers_[d], int64_t(r.host_begin / size), {elements}, dtype);
       const Tensor arena = Tensor::on_storage(arenas_[parity][d], int64_t(r.arena_begin / size), {elements}, dtype);
-      ops::copy(copy_, to_device ? host : arena, to_device ? arena : host);
+      ops::copy(to_device ? h2d_ : d2h_, to_device ? host : arena, to_device ? arena : host);
       bytes += r.host_end - r.host_begin;
       ++(to_device ? report_.h2d_copies : report_.d2h_copies);
     }
@@ -367,19 +375,23 @@ void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
     // The copy stream restores and fills device memory only after the compute stream's work so far
     // (including the frees of the batch before), so the stream-ordered allocator can reuse it.
     compute_mark_.record(compute_);
-    copy_.wait(compute_mark_);
+    h2d_.wait(compute_mark_);
     for (SwapSlot* s : batch.slots) {
-      s->device.storage()->restore(&copy_);
-      ops::copy(copy_, s->host, s->device);
+      s->device.storage()->restore(&h2d_);
+      ops::copy(h2d_, s->host, s->device);
       report_.h2d_bytes += s->nbytes();
       ++report_.h2d_copies;
     }
     track_resident((long long)batch.resident);
   } else {
+    // After the latest offload (on the D2H stream): for batch index >= 2 that is D2H(index - 2),
+    // which must have read this arena first; for the first two, the previous step's last one,
+    // after which the mirrors they read hold that step's state.
+    h2d_.wait(last_offload_);
     report_.h2d_bytes += copy_runs(batch, parity, true);
   }
   for (SwapSlot* s : batch.slots) s->state = SlotState::h2d;
-  ready_[parity].record(copy_);
+  ready_[parity].record(h2d_);
   batch.phase = Phase::loading;
 }
 
@@ -398,10 +410,10 @@ void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
 void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
   trace("d2h", index);
   compute_mark_.record(compute_);
-  copy_.wait(compute_mark_);
+  d2h_.wait(compute_mark_);
   if (!config_.packed) {
     for (SwapSlot* s : batch.slots) {
-      ops::copy(copy_, s->device, s->host);
+      ops::copy(d2h_, s->device, s->host);
       report_.d2h_bytes += s->nbytes();
       ++report_.d2h_copies;
     }
@@ -409,7 +421,8 @@ void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
     report_.d2h_bytes += copy_runs(batch, index % 2, false);
   }
   for (SwapSlot* s : batch.slots) s->state = SlotState::d2h;
-  offloaded_[index % 2].record(copy_);
+  offloaded_[index % 2].record(d2h_);
+  last_offload_.record(d2h_);
   batch.phase = Phase::offloading;
 }
 
@@ -450,7 +463,7 @@ void PipelineSwapRuntime::run_packed(std::vector<Batch>& batches, const std::fun
     trace("step", i);
     batches[i].phase = Phase::stepped;
     step_batch(batches[i].units);
-    issue_d2h(batches[i], i);  // D2H(i), then H2D(i+2) into the same arena, in order on the copy stream
+    issue_d2h(batches[i], i);  // D2H(i), then H2D(i+2) into the same arena once D2H(i) has read it
     if (i + 2 < batches.size()) issue_h2d(batches[i + 2], i + 2);
   }
   for (size_t i = batches.size() >= 2 ? batches.size() - 2 : 0; i < batches.size(); ++i) wait_offload(batches[i], i);
@@ -521,7 +534,7 @@ bool PipelineSwapRuntime::adopt_early_prefetch(std::vector<Batch>& batches) {
 
 void PipelineSwapRuntime::discard_early_prefetch() {
   if (!early_) return;
-  copy_.synchronize();
+  h2d_.synchronize();
   for (size_t k = 0; k < early_->issued; ++k) {
     for (SwapSlot* s : early_->batches[k].slots) {
       s->device.storage()->release(&compute_);
@@ -576,7 +589,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   } catch (...) {
     try {
       drain(batches);
-      copy_.synchronize();
+      synchronize_copies();
       compute_.synchronize();
     } catch (...) {  // the first error is the one to report
     }
@@ -587,7 +600,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
 
 void PipelineSwapRuntime::return_state() {
   discard_early_prefetch();
-  copy_.synchronize();
+  synchronize_copies();
   compute_.synchronize();
   for (const auto& slot : slots_) {
     if (!slot->created) continue;

@@ -84,7 +84,7 @@ void SwapOptimizer::run_step(PlannedStep& plan) {
 }
 
 void SwapOptimizer::synchronize() {
-  runtime_.copy_stream().synchronize();
+  runtime_.synchronize_copies();
   optimizer().synchronize();
 }
 

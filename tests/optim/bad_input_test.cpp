@@ -27,7 +27,7 @@ void set_grads(const std::vector<ParamPtr>& params, int step) {
 
 /** Every byte a step or a load may change. */
 std::string snapshot(Optimizer& opt, const std::vector<ParamPtr>& params, SwapOptimizer* swapped) {
-  if (swapped != nullptr) swapped->runtime().copy_stream().synchronize();
+  if (swapped != nullptr) swapped->runtime().synchronize_copies();
   opt.stream().synchronize();
   std::ostringstream out;
   auto bytes = [&](const Tensor& t) {

@@ -1,7 +1,8 @@
 #pragma once
 /** The backend-neutral swap pipeline: host mirrors, the partition into batches, and the
- *  double-buffered H2D/D2H schedule on a copy stream, ordered against the compute stream with
- *  events only (no device-wide synchronisation on the hot path). */
+ *  double-buffered H2D/D2H schedule on two copy streams (one per direction, so that a load and an
+ *  offload run at once on full-duplex links), ordered against the compute stream and each other
+ *  with events only (no device-wide synchronisation on the hot path). */
 
 #include <array>
 #include <functional>
@@ -51,10 +52,10 @@ struct SwapStepReport {
 
 /** The swap machinery of one SwapOptimizer: owns the pinned mirrors and the slots, cuts each
  *  step's units into batches and brings each batch's state to the device for its run and back
- *  after it, double-buffered on its copy stream. */
+ *  after it, double-buffered on its two copy streams. */
 class PipelineSwapRuntime {
  public:
-  /** `compute` runs the optimizer math; the runtime creates its copy stream and events here,
+  /** `compute` runs the optimizer math; the runtime creates its copy streams and events here,
    *  once, so that no step creates any. */
   PipelineSwapRuntime(Stream compute, SwapConfig config);
   ~PipelineSwapRuntime();
@@ -65,8 +66,12 @@ class PipelineSwapRuntime {
   const SwapConfig& config() const { return config_; }
   /** The stream the optimizer math runs on (the optimizer's). */
   Stream& compute_stream() { return compute_; }
-  /** The runtime's own stream for the H2D and D2H copies, on the compute stream's device. */
-  Stream& copy_stream() { return copy_; }
+  /** The runtime's own stream for the host-to-device copies, on the compute stream's device. */
+  Stream& h2d_stream() { return h2d_; }
+  /** The runtime's own stream for the device-to-host copies, on the compute stream's device. */
+  Stream& d2h_stream() { return d2h_; }
+  /** Waits for both copy streams (not the compute stream). */
+  void synchronize_copies();
 
   /** Allocates the pinned mirrors of `layout` (one buffer per dtype, slots 64-byte aligned, in
    *  layout order) and adopts the state `optimizer` already holds for them: copied to the mirrors,
@@ -171,21 +176,25 @@ class PipelineSwapRuntime {
 
   SwapConfig config_;
   Stream compute_;
-  Stream copy_;
-  // Created once: ready/offloaded by batch parity, and marks ordering the copy stream after compute.
+  Stream h2d_;
+  Stream d2h_;
+  // Created once: ready/offloaded by batch parity; compute_mark_ orders a copy stream after the
+  // compute stream's work so far, last_offload_ the next step's loads after this step's offloads
+  // (the mirrors they read), which ran on the other copy stream.
   std::array<Event, 2> ready_;
   std::array<Event, 2> offloaded_;
   Event compute_mark_;
+  Event last_offload_;
   /** A step's report until both streams have passed its end; its timers stay untouched until then
    *  (two sets, alternating by step, so one step may run while the previous one's is read). */
   struct ReportInFlight {
     SwapStepReport report;
     std::vector<Event> wait_timers;  // pairs around each compute-stream wait; grows only when a step needs more
     size_t timers_used = 0;
-    Event compute_done, copy_done;
+    Event compute_done, h2d_done, d2h_done;
     bool pending = false;
     uint64_t step = 0;  // order of the steps, to retire the older first
-    explicit ReportInFlight(Device device) : compute_done(device), copy_done(device) {}
+    explicit ReportInFlight(Device device) : compute_done(device), h2d_done(device), d2h_done(device) {}
   };
   /** Starts the report of a new step, in the next timer set (retiring what it held). */
   void begin_report();

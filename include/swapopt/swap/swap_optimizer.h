@@ -28,7 +28,7 @@ class SwapOptimizer {
 
   /** One optimizer step through the swap pipeline, with the bare step's contract (see
    *  Optimizer::step): checks first, then asynchronous; the math runs on the optimizer's stream
-   *  and the state's copies on the runtime's copy stream, ordered by events. */
+   *  and the state's copies on the runtime's two copy streams, ordered by events. */
   void step();
   /** Completes when the last step() has read every grad (the buffers may be reused). */
   const Event& grads_read() { return optimizer().grads_read(); }
@@ -57,7 +57,7 @@ class SwapOptimizer {
   Optimizer& optimizer() { return adapter_->optimizer(); }
   /** The adapter given at construction (owned by this wrapper). */
   StateSwapAdapter& adapter() { return *adapter_; }
-  /** The swap pipeline: mirrors, slots, copy stream and reports. */
+  /** The swap pipeline: mirrors, slots, copy streams and reports. */
   PipelineSwapRuntime& runtime() { return runtime_; }
   /** The state keys being swapped. */
   const std::vector<std::string>& state_keys() const { return keys_; }
