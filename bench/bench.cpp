@@ -12,6 +12,9 @@
 //                           and load_state_dict time per param (what grows with the param count)
 //   swapopt-bench pipeline  GB/s of pinned H2D alone, D2H alone and both at once on two streams
 //                           (as the swap pipeline copies), vs a device-to-device copy
+//   swapopt-bench checkpoint  peak process memory (the kernel's VmHWM) of saving and of loading
+//                           512 MiB of swapped AdamW state, through a StateDict and streamed, each
+//                           in a process of its own, against a process that only steps
 //   options: --device cpu|cuda  --reps N  --dim D (model width: swap's, and the only one of step/adamw)
 #include <algorithm>
 #include <chrono>
@@ -22,6 +25,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "swapopt/swapopt.h"
 
@@ -331,10 +336,94 @@ void run_pipeline(const Options& o) {
   }
 }
 
+/** The kernel's peak resident set of this process (VmHWM), in bytes. */
+size_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kb = size_t(std::strtoull(line + 6, nullptr, 10));
+  std::fclose(f);
+  return kb * 1024;
+}
+
+constexpr const char* kCheckpointModes[] = {"step", "save_state_dict", "save_checkpoint", "load_state_dict", "load_checkpoint"};
+
+/** One measurement of `swapopt-bench checkpoint`, in a process of its own (peaks only grow):
+ *  a swapped AdamW over 64 params holding `mib` MiB of state steps once, then saves or loads. */
+void run_checkpoint_child(const Options& o, const std::string& mode, int64_t mib, const std::string& path) {
+  const int64_t count = 64, n = mib * (int64_t(1) << 20) / 8 / count;  // two f32 moments per element
+  std::vector<ParamPtr> params;
+  for (int64_t i = 0; i < count; ++i) {
+    std::string name = "w.";
+    name += std::to_string(i);
+    params.push_back(make_param(name, Tensor::zeros({n}, DType::f32, o.device)));
+    params.back()->grad = Tensor::zeros({n}, DType::f32, o.device);
+  }
+  Stream stream(o.device);
+  AdamW adamw(stream);
+  adamw.add_param_group(params);
+  auto swapped = swap_adamw(adamw);
+  swapped->step();
+  swapped->synchronize();
+  const size_t stepped = peak_rss_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (mode == "save_state_dict") save_state_dict(swapped->state_dict(), path);
+  if (mode == "save_checkpoint") swapped->save_checkpoint(path);
+  if (mode == "load_state_dict") swapped->load_state_dict(load_state_dict(path));
+  if (mode == "load_checkpoint") swapped->load_checkpoint(path);
+  swapped->synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%zu %zu %.3f\n", stepped, peak_rss_bytes(), seconds);
+  std::fflush(stdout);
+  std::_Exit(0);  // the peak is measured: skip handing 512 MiB back to the optimizer at exit
+}
+
+/** This program's path (the children of `checkpoint` run it again). */
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  SWAPOPT_CHECK(n > 0, "[bench] cannot read /proc/self/exe");
+  return std::string(buf, size_t(n));
+}
+
+void run_checkpoint(const Options& o, const std::string& self) {
+  const int64_t mib = o.dim_given ? o.dim : 512;
+  const std::string path = "/tmp/swapopt-bench-checkpoint.safetensors";
+  std::fprintf(stderr, "%-16s %14s %14s %16s %10s\n", "mode", "peak_MB", "step_peak_MB", "above_step_MB", "seconds");
+  size_t step_peak = 0;
+  for (const char* mode : kCheckpointModes) {
+    std::vector<double> seconds;
+    size_t peak = 0, stepped = 0;
+    for (int r = 0; r < o.reps; ++r) {  // the peaks are the same every run; the time is not
+      const std::string command = self + " checkpoint-run " + mode + " --dim " + std::to_string(mib) +
+                                  " --device " + (o.device.is_cuda() ? "cuda" : "cpu") + " --path " + path;
+      std::FILE* child = popen(command.c_str(), "r");
+      SWAPOPT_CHECK(child != nullptr, "[bench] cannot run " << command);
+      unsigned long long a = 0, b = 0;
+      double s = 0;
+      const int got = std::fscanf(child, "%llu %llu %lf", &a, &b, &s);
+      SWAPOPT_CHECK(pclose(child) == 0 && got == 3, "[bench] " << command << " failed");
+      stepped = std::max(stepped, size_t(a));
+      peak = std::max(peak, size_t(b));
+      seconds.push_back(s);
+    }
+    if (std::string(mode) == "step") step_peak = peak;
+    const Spread t(seconds);
+    const double above = (double(peak) - double(step_peak)) / 1e6;
+    std::printf("{\"bench\":\"checkpoint\",\"device\":\"%s\",\"mode\":\"%s\",\"state_mib\":%lld,\"peak_bytes\":%zu,"
+                "\"step_peak_bytes\":%zu,\"above_step_mb\":%.1f,%s}\n",
+                o.device.str().c_str(), mode, (long long)mib, peak, step_peak, above, t.json("seconds").c_str());
+    std::fprintf(stderr, "%-16s %14.1f %14.1f %16.1f %10.3f\n", mode, double(peak) / 1e6, double(step_peak) / 1e6, above, t.median);
+  }
+  std::remove(path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline [--device cpu|cuda] [--reps N] [--dim D]\n";
+  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint [--device cpu|cuda] [--reps N] [--dim D]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -343,11 +432,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s", usage);
     return 2;
   }
-  const std::string command = argv[1];
+  std::string command = argv[1];
   Options o;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  int first_flag = 2;
+  std::string child_mode, child_path;
+  if (command == "checkpoint-run" && argc >= 3) {  // one measurement of `checkpoint` (internal)
+    child_mode = argv[2];
+    first_flag = 3;
+  }
+  for (int i = first_flag; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
+    if (flag == "--path" && !child_mode.empty()) child_path = value;
+    else if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
     else if (flag == "--dim") {
       o.dim = std::max(16, std::atoi(value.c_str()));
@@ -366,6 +462,8 @@ int main(int argc, char** argv) {
     else if (command == "adamw") run_adamw(o);
     else if (command == "scale") run_scale(o);
     else if (command == "pipeline") run_pipeline(o);
+    else if (command == "checkpoint") run_checkpoint(o, self_path());
+    else if (command == "checkpoint-run") run_checkpoint_child(o, child_mode, o.dim, child_path);
     else {
       std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());
       return 2;

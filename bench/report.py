@@ -30,6 +30,7 @@ COMMANDS = {
     "adamw": ["adamw", "--reps", "7"],
     "scale": ["scale", "--reps", "3"],
     "pipeline": ["pipeline", "--reps", "7"],
+    "checkpoint": ["checkpoint", "--reps", "3"],
 }
 
 
@@ -260,6 +261,26 @@ def plot_pipeline(rows, out, tmp, device):
               ("H2D alone", "D2H alone", "H2D + D2H at once (two streams)", "device to device"))
 
 
+CHECKPOINT_LABELS = {"step": "steps only", "save_state_dict": "save via StateDict", "save_checkpoint": "save_checkpoint",
+                     "load_state_dict": "load via StateDict", "load_checkpoint": "load_checkpoint"}
+
+
+def plot_checkpoint(rows, out, tmp, device):
+    dat = write_dat(tmp, "checkpoint.dat", [[f'"{CHECKPOINT_LABELS[r["mode"]]}"', r["peak_bytes"] / 1e6] for r in rows])
+    step = rows[0]["step_peak_bytes"] / 1e6
+    gnuplot(HEADER.format(w=900, h=440, out=out) + f"""
+set title 'Peak process memory, {rows[0]["state_mib"]} MiB of swapped AdamW state, on {device}'
+set ylabel 'peak resident MB (VmHWM)'
+set yrange [0:*]
+set style data histograms
+set style fill solid 0.85 border -1
+set boxwidth 0.6
+unset key
+set label 1 'a process that only steps: {step:.0f} MB' at graph 0.02, first {step * 1.06:.0f} tc rgb '#555555'
+plot '{dat}' using 2:xtic(1) lc rgb '#4878d0', {step:.1f} with lines dt 2 lc rgb '#555555'
+""")
+
+
 # ---- tables --------------------------------------------------------------------------------
 
 def table(header, rows):
@@ -344,6 +365,12 @@ def block_pipeline(rows):
     return body
 
 
+def block_checkpoint(rows):
+    return table(["process", "peak MB", "above the stepping process", "seconds"],
+                 [[r["mode"], f"{r['peak_bytes'] / 1e6:.1f}", f"{r['above_step_mb']:+.1f} MB",
+                   "" if r["mode"] == "step" else spread(r, "seconds", "{:.2f}")] for r in rows])
+
+
 def replace_block(text, name, device, body):
     begin, end = f"<!-- begin bench {name} {device} -->", f"<!-- end bench {name} {device} -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
@@ -386,6 +413,9 @@ def render(args):
         if rows["scale"]:
             plot_scale(rows["scale"], png("scale"), tmp, args.device)
             text = replace_block(text, "scale", args.device, block_scale(rows["scale"]))
+        if rows["checkpoint"]:
+            plot_checkpoint(rows["checkpoint"], png("checkpoint"), tmp, args.device)
+            text = replace_block(text, "checkpoint", args.device, block_checkpoint(rows["checkpoint"]))
         if rows["pipeline"]:
             plot_pipeline(rows["pipeline"], png("pipeline"), tmp, args.device)
             text = replace_block(text, "pipeline", args.device, block_pipeline(rows["pipeline"]))

@@ -49,13 +49,13 @@ struct Trainer {
     MuonWithAdamW muon_adamw(stream, params);  // Muon for the matrices, AdamW for the rest
     muon_adamw.muon().set_schedule([&](int64_t step) { muon_adamw.muon().set_lr(0.02 * std::min(1.0, step / 10.0)); });
     auto opt = swap_muon_with_adamw(muon_adamw);  // state in pinned host memory: one step, one checkpoint
-    if (first_step > 1) opt->load_state_dict(load_state_dict("run.safetensors"));
+    if (first_step > 1) opt->load_checkpoint("run.safetensors");
     for (int step = first_step; step <= last_step; ++step) {
       backward(params, step);               // yours: writes each param->grad on your stream
       clip_grad_norm(params, 1.0, stream);  // the global norm, clipped to 1
       opt->step();                          // enqueued on your stream, after the backward
       opt->zero_grad();                     // the grad buffers are yours again once the step read them
-      if (step % 10 == 0) save_state_dict(opt->state_dict(), "run.safetensors");
+      if (step % 10 == 0) opt->save_checkpoint("run.safetensors");  // straight from the host mirrors
     }
     opt->synchronize();  // step() is asynchronous: wait before reading the weights on the host
     // README:end

@@ -9,13 +9,16 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "checkpoint_stream.h"
 #include "json.h"
 #include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
 
 namespace swapopt {
 
@@ -40,17 +43,20 @@ DType dtype_from_safetensors(const std::string& name, const std::string& tensor)
 constexpr const char* kChecksumsKey = "swapopt.crc32";
 constexpr const char* kMetadataChecksum = "__metadata__";
 
-uint32_t crc32_of(const void* data, size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+/** `crc` continued over `size` more bytes (start from crc32_of(nullptr, 0)). */
+uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
+  uLong out = crc;
   const auto* bytes = static_cast<const Bytef*>(data);
   while (size > 0) {  // zlib takes at most a uInt per call
     const uInt chunk = uInt(std::min<size_t>(size, size_t(1) << 30));
-    crc = crc32(crc, bytes, chunk);
+    out = crc32(out, bytes, chunk);
     bytes += chunk;
     size -= chunk;
   }
-  return uint32_t(crc);
+  return uint32_t(out);
 }
+
+uint32_t crc32_of(const void* data, size_t size) { return crc32_update(uint32_t(crc32(0L, Z_NULL, 0)), data, size); }
 
 // Bounds that keep a corrupt header from asking for absurd sizes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
@@ -60,31 +66,48 @@ constexpr int64_t kMaxDims = 8;
 
 namespace {
 
-/** The 8-byte size and the JSON header of `state`'s file (padded to 8 bytes): everything before
- *  the tensors' bytes, which follow in the map's order. */
-std::string header_bytes(const StateDict& state) {
+/** What the header says of one tensor it lists. */
+struct HeaderTensor {
+  const std::string* name;
+  DType dtype;
+  const Shape* shape;
+  uint64_t nbytes;
+  uint32_t crc;
+};
+
+/** The 8-byte size and the JSON header (padded to 8 bytes): everything before the tensors'
+ *  bytes, which follow in the order given (the names' order). */
+std::string header_bytes(const std::string& metadata, const std::vector<HeaderTensor>& tensors) {
   using json::Value;
   Value header = Value::object();
   Value checksums = Value::object();
-  checksums[kMetadataChecksum] = crc32_of(state.metadata.data(), state.metadata.size());
+  checksums[kMetadataChecksum] = crc32_of(metadata.data(), metadata.size());
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : state.tensors) {
-    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
-                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
-    header[name] = Value::object({{"dtype", safetensors_dtype(tensor.dtype())},
-                                  {"shape", tensor.shape()},
-                                  {"data_offsets", Value::array({offset, offset + tensor.nbytes()})}});
-    offset += tensor.nbytes();
-    checksums[name] = crc32_of(tensor.data_ptr(), tensor.nbytes());
+  for (const HeaderTensor& t : tensors) {
+    header[*t.name] = Value::object({{"dtype", safetensors_dtype(t.dtype)},
+                                     {"shape", *t.shape},
+                                     {"data_offsets", Value::array({offset, offset + t.nbytes})}});
+    offset += t.nbytes;
+    checksums[*t.name] = t.crc;
   }
   header["__metadata__"] =
-      Value::object({{"swapopt", state.metadata}, {kChecksumsKey, json::dump(checksums, "the tensor names")}});
+      Value::object({{"swapopt", metadata}, {kChecksumsKey, json::dump(checksums, "the tensor names")}});
   std::string text = json::dump(header, "the checkpoint header");
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
   std::string out(8, '\0');
   const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char((n >> (8 * i)) & 0xff);
   return out + text;
+}
+
+std::string header_bytes(const StateDict& state) {
+  std::vector<HeaderTensor> tensors;
+  for (const auto& [name, tensor] : state.tensors) {
+    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+    tensors.push_back({&name, tensor.dtype(), &tensor.shape(), tensor.nbytes(), crc32_of(tensor.data_ptr(), tensor.nbytes())});
+  }
+  return header_bytes(state.metadata, tensors);
 }
 
 /** A tensor as the header describes it: where its bytes lie among the data bytes. */
@@ -158,9 +181,35 @@ Header parse_header(std::string_view text, uint64_t data_size) {
   return out;
 }
 
-/** The tensors of `header`, each filled by `read(entry, destination)`, then checked against the
- *  checksums: every tensor and the metadata must have one that matches, and every checksum must
- *  name something the file holds. */
+/** Checks `header`'s tensors against its checksums, `crc_of(entry)` computing each tensor's:
+ *  every tensor and the metadata must have one that matches, and every checksum must name
+ *  something the file holds. */
+void verify_checksums(const Header& header, const CheckpointReadOptions& options,
+                      const std::function<uint32_t(const TensorEntry&)>& crc_of) {
+  if (!header.checksums) {
+    SWAPOPT_CHECK(options.allow_missing_checksums,
+                  "[checkpoint] the file has no checksums (written before swapopt 0.2, or by another tool): load it with "
+                  "CheckpointReadOptions::allow_missing_checksums to accept it unverified");
+    return;
+  }
+  const auto& stored = json::get_object(*header.checksums, kChecksumsKey);
+  auto check = [&](const std::string& name, uint32_t got) {
+    const auto it = stored.find(name);
+    SWAPOPT_CHECK(it != stored.end(), "[checkpoint] '" << name << "' has no checksum");
+    const int64_t want = json::get_int(it->second, std::string(kChecksumsKey) + " of '" + name + "'");
+    SWAPOPT_CHECK(want == int64_t(got), "[checkpoint] '" << name << "' fails its checksum (stored " << want << ", computed "
+                                                         << got << "): the file is corrupt");
+  };
+  check(kMetadataChecksum, crc32_of(header.metadata.data(), header.metadata.size()));
+  std::map<std::string, const TensorEntry*> by_name;  // the checks in name order, as a StateDict holds them
+  for (const TensorEntry& e : header.tensors) by_name.emplace(e.name, &e);
+  for (const auto& [name, entry] : by_name) check(name, crc_of(*entry));
+  for (const auto& [name, value] : stored)
+    SWAPOPT_CHECK(name == kMetadataChecksum || by_name.count(name) != 0,
+                  "[checkpoint] the checksums name tensor '" << name << "', which the file does not hold");
+}
+
+/** The tensors of `header`, each filled by `read(entry, destination)`, then verified. */
 StateDict read_tensors(const Header& header, const CheckpointReadOptions& options,
                        const std::function<void(const TensorEntry&, void*)>& read) {
   StateDict out;
@@ -170,37 +219,91 @@ StateDict read_tensors(const Header& header, const CheckpointReadOptions& option
     if (t.nbytes() > 0) read(e, t.data_ptr());
     out.tensors.emplace(e.name, t);
   }
-  if (!header.checksums) {
-    SWAPOPT_CHECK(options.allow_missing_checksums,
-                  "[checkpoint] the file has no checksums (written before swapopt 0.2, or by another tool): load it with "
-                  "CheckpointReadOptions::allow_missing_checksums to accept it unverified");
-    return out;
-  }
-  const auto& stored = json::get_object(*header.checksums, kChecksumsKey);
-  auto check = [&](const std::string& name, const void* bytes, size_t n) {
-    const auto it = stored.find(name);
-    SWAPOPT_CHECK(it != stored.end(), "[checkpoint] '" << name << "' has no checksum");
-    const int64_t want = json::get_int(it->second, std::string(kChecksumsKey) + " of '" + name + "'");
-    const uint32_t got = crc32_of(bytes, n);
-    SWAPOPT_CHECK(want == int64_t(got), "[checkpoint] '" << name << "' fails its checksum (stored " << want << ", computed "
-                                                         << got << "): the file is corrupt");
-  };
-  check(kMetadataChecksum, out.metadata.data(), out.metadata.size());
-  for (const auto& [name, tensor] : out.tensors) check(name, tensor.data_ptr(), tensor.nbytes());
-  for (const auto& [name, value] : stored)
-    SWAPOPT_CHECK(name == kMetadataChecksum || out.tensors.count(name) != 0,
-                  "[checkpoint] the checksums name tensor '" << name << "', which the file does not hold");
+  verify_checksums(header, options, [&](const TensorEntry& e) {
+    const Tensor& t = out.tensors.at(e.name);
+    return crc32_of(t.data_ptr(), t.nbytes());
+  });
   return out;
 }
 
-/** An open file descriptor, closed on every path. */
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
+/** A file written under `path`.tmp and committed by rename after an fsync (or removed). */
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot create '" << tmp_ << "': " << std::strerror(errno));
   }
+  ~AtomicFile() {  // not committed: an error left a partial file behind
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t size) {
+    const char* bytes = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, bytes, size);
+      if (n < 0 && errno == EINTR) continue;
+      SWAPOPT_CHECK(n > 0, "[checkpoint] writing '" << tmp_ << "' failed: " << std::strerror(n < 0 ? errno : EIO));
+      bytes += n;
+      size -= size_t(n);
+    }
+  }
+  void commit() {
+    const bool synced = ::fsync(fd_) == 0;
+    const bool closed = ::close(fd_) == 0;
+    fd_ = -1;
+    SWAPOPT_CHECK(synced && closed && std::rename(tmp_.c_str(), path_.c_str()) == 0,
+                  "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
 };
 
+/** Reads `size` bytes at `offset` of an open file, or throws naming `path`. */
+void read_file_at(int fd, const std::string& path, void* to, uint64_t size, uint64_t offset) {
+  char* bytes = static_cast<char*>(to);
+  while (size > 0) {
+    const ssize_t got = ::pread(fd, bytes, size_t(std::min<uint64_t>(size, uint64_t(1) << 30)), off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    SWAPOPT_CHECK(got > 0, "[checkpoint] reading '" << path << "' failed at byte " << offset << ": "
+                                                   << (got < 0 ? std::strerror(errno) : "the file ended early"));
+    bytes += got;
+    size -= uint64_t(got);
+    offset += uint64_t(got);
+  }
+}
+
+/** Opens `path` for reading; returns the descriptor and the file's size. */
+std::pair<int, uint64_t> open_for_reading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  SWAPOPT_CHECK(fd >= 0, "[checkpoint] cannot open '" << path << "': " << std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int err = errno;
+    ::close(fd);
+    SWAPOPT_FAIL("[checkpoint] cannot stat '" << path << "': " << std::strerror(err));
+  }
+  return {fd, uint64_t(info.st_size)};
+}
+
+/** The header of an open checkpoint file (size checked, parsed); its tensors' data starts at
+ *  `payload`. */
+Header read_file_header(int fd, const std::string& path, uint64_t size, uint64_t& payload) {
+  SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
+  unsigned char size_bytes[8];
+  read_file_at(fd, path, size_bytes, 8, 0);
+  const uint64_t header_size = read_header_size(size_bytes, size);
+  std::string text(size_t(header_size), '\0');
+  read_file_at(fd, path, text.data(), header_size, 8);
+  payload = 8 + header_size;
+  return parse_header(text, size - payload);
+}
 }  // namespace
 
 std::string serialize_state_dict(const StateDict& state) {
@@ -224,65 +327,159 @@ StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOp
 void save_state_dict(const StateDict& state, const std::string& path) {
   // The header, then each tensor's bytes straight from its memory: no copy of the whole file.
   const std::string header = header_bytes(state);
-  const std::string tmp = path + ".tmp";
-  Fd file{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)};
-  SWAPOPT_CHECK(file.fd >= 0, "[checkpoint] cannot create '" << tmp << "': " << std::strerror(errno));
-  auto write_all = [&](const void* data, size_t size) {
-    const char* bytes = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(file.fd, bytes, size);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : EIO;
-        ::unlink(tmp.c_str());
-        SWAPOPT_FAIL("[checkpoint] writing '" << tmp << "' failed: " << std::strerror(err));
-      }
-      bytes += n;
-      size -= size_t(n);
-    }
-  };
-  write_all(header.data(), header.size());
+  AtomicFile file(path);
+  file.write(header.data(), header.size());
   for (const auto& [name, tensor] : state.tensors)
-    if (tensor.nbytes() > 0) write_all(tensor.data_ptr(), tensor.nbytes());
-  const bool synced = ::fsync(file.fd) == 0;
-  const int closed = ::close(file.fd);
-  file.fd = -1;
-  if (!synced || closed != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    SWAPOPT_FAIL("[checkpoint] cannot commit '" << path << "': " << std::strerror(err));
-  }
+    if (tensor.nbytes() > 0) file.write(tensor.data_ptr(), tensor.nbytes());
+  file.commit();
 }
 
 StateDict load_state_dict(const std::string& path, const CheckpointReadOptions& options) {
   // The header first, then each tensor read from the file into its own memory: no copy of the
   // whole file is ever held.
-  Fd file{::open(path.c_str(), O_RDONLY)};
-  SWAPOPT_CHECK(file.fd >= 0, "[checkpoint] cannot open '" << path << "': " << std::strerror(errno));
-  struct stat info {};
-  SWAPOPT_CHECK(::fstat(file.fd, &info) == 0, "[checkpoint] cannot stat '" << path << "': " << std::strerror(errno));
-  const uint64_t size = uint64_t(info.st_size);
-  auto read_at = [&](void* to, uint64_t n, uint64_t offset) {
-    char* bytes = static_cast<char*>(to);
-    while (n > 0) {
-      const ssize_t got = ::pread(file.fd, bytes, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
-      if (got < 0 && errno == EINTR) continue;
-      SWAPOPT_CHECK(got > 0, "[checkpoint] reading '" << path << "' failed at byte " << offset << ": "
-                                                     << (got < 0 ? std::strerror(errno) : "the file ended early"));
-      bytes += got;
-      n -= uint64_t(got);
-      offset += uint64_t(got);
-    }
-  };
-  SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
-  unsigned char size_bytes[8];
-  read_at(size_bytes, 8, 0);
-  const uint64_t header_size = read_header_size(size_bytes, size);
-  std::string text(size_t(header_size), '\0');
-  read_at(text.data(), header_size, 8);
-  const Header header = parse_header(text, size - 8 - header_size);
-  const uint64_t payload = 8 + header_size;
-  return read_tensors(header, options, [&](const TensorEntry& e, void* to) { read_at(to, e.end - e.begin, payload + e.begin); });
+  const auto [fd, size] = open_for_reading(path);
+  try {
+    uint64_t payload = 0;
+    const Header header = read_file_header(fd, path, size, payload);
+    StateDict out = read_tensors(header, options, [&, fd = fd](const TensorEntry& e, void* to) {
+      read_file_at(fd, path, to, e.end - e.begin, payload + e.begin);
+    });
+    ::close(fd);
+    return out;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
 }
+
+// ---- streamed checkpoints (checkpoint_stream.h) ----------------------------------------------
+
+TensorSource host_source(const Tensor& host) {
+  return {host.dtype(), host.shape(), [host](const ByteSink& sink) {
+            if (host.nbytes() > 0) sink(host.data_ptr(), host.nbytes());
+          }};
+}
+
+namespace {
+
+/** Flat views of `t` (dense, contiguous) in pieces of at most kCheckpointChunkBytes: calls
+ *  `each(view, byte offset)` in order. */
+void for_each_chunk(const Tensor& t, const std::function<void(const Tensor&, size_t)>& each) {
+  const size_t element = dtype_size(t.dtype());
+  const int64_t per_chunk = int64_t(kCheckpointChunkBytes / element), total = t.numel();
+  for (int64_t begin = 0; begin < total; begin += per_chunk) {
+    const int64_t n = std::min(per_chunk, total - begin);
+    each(Tensor::on_storage(t.storage(), t.offset() + begin, {n}, t.dtype()), size_t(begin) * element);
+  }
+}
+
+void check_dense(const Tensor& t) {
+  SWAPOPT_CHECK(t.is_contiguous(), "[checkpoint] state tensor must be contiguous to stream, got " << t.str());
+}
+
+}  // namespace
+
+TensorSource device_source(Stream& stream, const Tensor& device) {
+  check_dense(device);
+  // Through the staging buffer on every backend (also where host code could read the memory
+  // directly): the CPU backend runs and tests the path CUDA takes.
+  return {device.dtype(), device.shape(), [&stream, device](const ByteSink& sink) {
+            const Tensor staging = Tensor::empty({std::min<int64_t>(device.numel(), int64_t(kCheckpointChunkBytes / dtype_size(device.dtype())))},
+                                                 device.dtype(), Device::cpu());
+            for_each_chunk(device, [&](const Tensor& chunk, size_t) {
+              const Tensor into = Tensor::on_storage(staging.storage(), 0, chunk.shape(), chunk.dtype());
+              ops::copy(stream, chunk, into);
+              stream.synchronize();
+              sink(into.data_ptr(), into.nbytes());
+            });
+          }};
+}
+
+void fill_from(Stream& stream, const Tensor& device, const TensorReader& reader) {
+  check_dense(device);
+  if (device.nbytes() == 0) return;
+  if (reader.data != nullptr) {  // in host memory already: one copy, no wait
+    ops::copy(stream, Tensor::from_blob(const_cast<void*>(reader.data), device.shape(), device.dtype(), Device::cpu()), device);
+    return;
+  }
+  const Tensor staging = Tensor::empty({std::min<int64_t>(device.numel(), int64_t(kCheckpointChunkBytes / dtype_size(device.dtype())))},
+                                       device.dtype(), Device::cpu());
+  for_each_chunk(device, [&](const Tensor& chunk, size_t offset) {
+    const Tensor from = Tensor::on_storage(staging.storage(), 0, chunk.shape(), chunk.dtype());
+    reader.read(from.data_ptr(), offset, from.nbytes());
+    ops::copy(stream, from, chunk);
+    stream.synchronize();  // the staging buffer is filled again next
+  });
+}
+
+void write_checkpoint(const CheckpointSource& source, const std::string& path) {
+  std::vector<HeaderTensor> tensors;
+  for (const auto& [name, t] : source.tensors) {
+    uint32_t crc = crc32_of(nullptr, 0);
+    uint64_t nbytes = 0;
+    t.produce([&](const void* data, size_t size) {
+      crc = crc32_update(crc, data, size);
+      nbytes += size;
+    });
+    SWAPOPT_CHECK(nbytes == uint64_t(shape_numel(t.shape)) * dtype_size(t.dtype),
+                  "[checkpoint] tensor '" << name << "' produced " << nbytes << " bytes for its shape " << shape_str(t.shape));
+    tensors.push_back({&name, t.dtype, &t.shape, nbytes, crc});
+  }
+  const std::string header = header_bytes(source.metadata, tensors);
+  AtomicFile file(path);
+  file.write(header.data(), header.size());
+  for (const auto& [name, t] : source.tensors) t.produce([&](const void* data, size_t size) { file.write(data, size); });
+  file.commit();
+}
+
+CheckpointReader reader_of(const StateDict& state) {
+  CheckpointReader out;
+  out.metadata = state.metadata;
+  for (const auto& [name, tensor] : state.tensors) {
+    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+    const void* data = tensor.nbytes() > 0 ? tensor.data_ptr() : nullptr;
+    out.tensors.emplace(name, TensorReader{tensor.dtype(), tensor.shape(), [data](void* to, size_t offset, size_t size) {
+                                             std::memcpy(to, static_cast<const char*>(data) + offset, size);
+                                           }, data});
+  }
+  return out;
+}
+
+CheckpointFile::CheckpointFile(const std::string& path, const CheckpointReadOptions& options) : path_(path) {
+  const auto [fd, size] = open_for_reading(path);
+  fd_ = fd;
+  uint64_t payload = 0;
+  Header header;
+  try {
+    header = read_file_header(fd_, path_, size, payload);
+    // Verified before anything reads it for real: each tensor's checksum over staging-sized pieces.
+    std::vector<char> buffer(std::min<uint64_t>(kCheckpointChunkBytes, size));
+    verify_checksums(header, options, [&](const TensorEntry& e) {
+      uint32_t crc = crc32_of(nullptr, 0);
+      for (uint64_t at = e.begin; at < e.end;) {
+        const uint64_t n = std::min<uint64_t>(buffer.size(), e.end - at);
+        read_at(buffer.data(), n, payload + at);
+        crc = crc32_update(crc, buffer.data(), size_t(n));
+        at += n;
+      }
+      return crc;
+    });
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+  reader_.metadata = header.metadata;
+  for (const TensorEntry& e : header.tensors) {
+    const uint64_t begin = payload + e.begin;
+    reader_.tensors.emplace(e.name, TensorReader{e.dtype, e.shape, [this, begin](void* to, size_t offset, size_t size) {
+                                                   read_at(to, size, begin + offset);
+                                                 }});
+  }
+}
+
+CheckpointFile::~CheckpointFile() { ::close(fd_); }
+
+void CheckpointFile::read_at(void* to, uint64_t size, uint64_t offset) const { read_file_at(fd_, path_, to, size, offset); }
 
 }  // namespace swapopt

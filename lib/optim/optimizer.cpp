@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint_stream.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
@@ -213,8 +214,8 @@ void check_param_names(const std::vector<std::string>& ours, const std::vector<s
 }  // namespace
 
 std::function<void()> Optimizer::prepare_load(
-    const StateDict& state, std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor) {
-  const json::Value meta = json::parse(state.metadata);
+    const CheckpointReader& checkpoint, std::function<void(const Param&, const std::string&, const TensorReader&)> write_tensor) {
+  const json::Value meta = json::parse(checkpoint.metadata);
   const std::string& optimizer = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
@@ -261,11 +262,11 @@ std::function<void()> Optimizer::prepare_load(
   struct Entry {
     const Param* param;
     std::string key;
-    Tensor tensor;
+    const TensorReader* tensor;
   };
   std::vector<Entry> entries;
   std::vector<std::vector<std::string>> keys_of(by_index.size());  // state keys the checkpoint holds, by param index
-  for (const auto& [name, tensor] : state.tensors) {
+  for (const auto& [name, tensor] : checkpoint.tensors) {
     // "state.<index>.<key>", the index written as std::to_string writes it (one name per tensor)
     const size_t dot = name.find('.', 6);
     SWAPOPT_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6,
@@ -285,16 +286,16 @@ std::function<void()> Optimizer::prepare_load(
                   "[checkpoint] tensor '" << name << "': group " << group_of[index] << " does not use '" << key
                                           << "' with its options");
     const Param& param = *by_index[index];
-    SWAPOPT_CHECK(tensor.shape() == param.data.shape(), "[checkpoint] tensor '" << name << "' has shape "
-                                                                                << shape_str(tensor.shape()) << ", param '"
+    SWAPOPT_CHECK(tensor.shape == param.data.shape(), "[checkpoint] tensor '" << name << "' has shape "
+                                                                              << shape_str(tensor.shape) << ", param '"
                                                                                 << param.name << "' needs "
                                                                                 << shape_str(param.data.shape()));
-    SWAPOPT_CHECK(tensor.dtype() == state_dtype(key, param), "[checkpoint] tensor '" << name << "' is "
-                                                                                     << dtype_name(tensor.dtype()) << ", "
+    SWAPOPT_CHECK(tensor.dtype == state_dtype(key, param), "[checkpoint] tensor '" << name << "' is "
+                                                                                   << dtype_name(tensor.dtype) << ", "
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
     keys_of[index].push_back(key);
-    if (keeps_state(param)) entries.push_back({&param, key, tensor});
+    if (keeps_state(param)) entries.push_back({&param, key, &tensor});
   }
   // A param holds all the state its group uses or none; with per-param steps, exactly when stepped.
   for (size_t i = 0; i < by_index.size(); ++i) {
@@ -312,7 +313,7 @@ std::function<void()> Optimizer::prepare_load(
     apply_options();
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];
     state_.clear();
-    for (const Entry& e : entries) write_tensor(*e.param, e.key, e.tensor);
+    for (const Entry& e : entries) write_tensor(*e.param, e.key, *e.tensor);
     for (size_t i = 0; i < by_index.size(); ++i) {
       auto it = state_.find(by_index[i]);
       if (it != state_.end()) it->second.step = param_steps[i];
@@ -320,16 +321,38 @@ std::function<void()> Optimizer::prepare_load(
   };
 }
 
-void Optimizer::load_state_dict(const StateDict& state) {
-  check_unwrapped("load_state_dict()");
-  std::function<void()> apply = prepare_load(state, [this](const Param& param, const std::string& key, const Tensor& host) {
-    Tensor device_copy = Tensor::empty(host.shape(), host.dtype(), device());
-    ops::copy(stream_, host, device_copy);
-    state_[&param].tensors[key] = device_copy;
-  });
+void Optimizer::load_from(const CheckpointReader& checkpoint) {
+  std::function<void()> apply =
+      prepare_load(checkpoint, [this](const Param& param, const std::string& key, const TensorReader& tensor) {
+        Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, device());
+        fill_from(stream_, device_copy, tensor);
+        state_[&param].tensors[key] = device_copy;
+      });
   stream_.synchronize();  // no update may still be reading the state being replaced
   apply();
   stream_.synchronize();
+}
+
+void Optimizer::load_state_dict(const StateDict& state) {
+  check_unwrapped("load_state_dict()");
+  load_from(reader_of(state));
+}
+
+void Optimizer::save_checkpoint(const std::string& path) {
+  check_unwrapped("save_checkpoint()");
+  stream_.synchronize();
+  CheckpointSource source;
+  source.metadata = metadata_json();
+  for (const auto& [param, ps] : state_)
+    for (const auto& [key, tensor] : ps.tensors)
+      source.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, device_source(stream_, tensor));
+  write_checkpoint(source, path);
+}
+
+void Optimizer::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  check_unwrapped("load_checkpoint()");
+  const CheckpointFile file(path, options);
+  load_from(file.reader());
 }
 
 }  // namespace swapopt

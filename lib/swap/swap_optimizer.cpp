@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../optim/checkpoint_stream.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/swap/adamw_swap_adapter.h"
@@ -116,21 +117,43 @@ StateDict SwapOptimizer::state_dict() {
   return out;
 }
 
-void SwapOptimizer::load_state_dict(const StateDict& state) { prepare_load(state)(); }
+void SwapOptimizer::load_state_dict(const StateDict& state) { prepare_load(reader_of(state))(); }
 
-std::function<void()> SwapOptimizer::prepare_load(const StateDict& state) {
+void SwapOptimizer::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  const CheckpointFile file(path, options);
+  prepare_load(file.reader())();
+}
+
+CheckpointSource SwapOptimizer::checkpoint_source() {
+  Optimizer& opt = optimizer();
+  synchronize();
+  CheckpointSource out;
+  out.metadata = opt.metadata_json();
+  // No copy is in flight after synchronize(): the mirrors are read in place.
+  for (const auto& [param, ps] : opt.state())
+    for (const auto& [key, tensor] : ps.tensors) {
+      const SwapSlot* slot = runtime_.find_slot(param, key);
+      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key,
+                          slot != nullptr ? host_source(slot->host) : device_source(opt.stream(), tensor));
+    }
+  return out;
+}
+
+void SwapOptimizer::save_checkpoint(const std::string& path) { write_checkpoint(checkpoint_source(), path); }
+
+std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkpoint) {
   // The write runs later, inside the returned change: it captures nothing of this frame.
-  std::function<void()> apply = optimizer().prepare_load(state, [this](const Param& param, const std::string& key,
-                                                                       const Tensor& host) {
+  std::function<void()> apply = optimizer().prepare_load(checkpoint, [this](const Param& param, const std::string& key,
+                                                                            const TensorReader& tensor) {
     Optimizer& opt = optimizer();
     SwapSlot* slot = runtime_.find_slot(&param, key);
     if (slot != nullptr) {  // into the mirror; the next step brings it over
-      std::memcpy(slot->host.data_ptr(), host.data_ptr(), host.nbytes());
+      if (slot->nbytes() > 0) tensor.read(slot->host.data_ptr(), 0, slot->nbytes());
       slot->created = true;
       opt.state()[&param].tensors[key] = slot->device;
     } else {
-      Tensor device_copy = Tensor::empty(host.shape(), host.dtype(), opt.device());
-      ops::copy(opt.stream(), host, device_copy);
+      Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, opt.device());
+      fill_from(opt.stream(), device_copy, tensor);
       opt.state()[&param].tensors[key] = device_copy;
     }
   });

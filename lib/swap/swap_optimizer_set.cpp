@@ -3,6 +3,7 @@
 #include <cctype>
 #include <set>
 
+#include "../optim/checkpoint_stream.h"
 #include "../optim/json.h"
 #include "swapopt/core/error.h"
 
@@ -57,22 +58,54 @@ void SwapOptimizerSet::synchronize() {
   for (Member& m : members_) m.second->synchronize();
 }
 
+namespace {
+
+/** The set's metadata: the members' optimizer names joined by '+', and each member's metadata. */
+std::string set_metadata(const std::vector<std::pair<std::string, std::string>>& members, const std::string& optimizers) {
+  json::Value listed = json::Value::array();
+  for (const auto& [name, metadata] : members) listed.push_back(json::Value::object({{"name", name}, {"metadata", metadata}}));
+  return json::dump(json::Value::object({{"optimizer", optimizers}, {"members", std::move(listed)}}), "the metadata");
+}
+
+}  // namespace
+
 StateDict SwapOptimizerSet::state_dict() {
   StateDict out;
   std::string optimizers;
-  json::Value listed = json::Value::array();
+  std::vector<std::pair<std::string, std::string>> metadata;
   for (Member& m : members_) {
     StateDict part = m.second->state_dict();
     for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
-    listed.push_back(json::Value::object({{"name", m.first}, {"metadata", part.metadata}}));
+    metadata.emplace_back(m.first, part.metadata);
     optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
   }
-  out.metadata = json::dump(json::Value::object({{"optimizer", optimizers}, {"members", std::move(listed)}}), "the metadata");
+  out.metadata = set_metadata(metadata, optimizers);
   return out;
 }
 
-void SwapOptimizerSet::load_state_dict(const StateDict& state) {
-  const json::Value meta = json::parse(state.metadata);
+void SwapOptimizerSet::save_checkpoint(const std::string& path) {
+  CheckpointSource out;
+  std::string optimizers;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  for (Member& m : members_) {
+    CheckpointSource part = m.second->checkpoint_source();
+    for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
+    metadata.emplace_back(m.first, part.metadata);
+    optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
+  }
+  out.metadata = set_metadata(metadata, optimizers);
+  write_checkpoint(out, path);
+}
+
+void SwapOptimizerSet::load_state_dict(const StateDict& state) { load_from(reader_of(state)); }
+
+void SwapOptimizerSet::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  const CheckpointFile file(path, options);
+  load_from(file.reader());
+}
+
+void SwapOptimizerSet::load_from(const CheckpointReader& checkpoint) {
+  const json::Value meta = json::parse(checkpoint.metadata);
   SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
                                               << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
                                               << " optimizer, not of a set of optimizers (" << members_.size()
@@ -83,10 +116,10 @@ void SwapOptimizerSet::load_state_dict(const StateDict& state) {
   for (const Member& m : members_) want += (want.empty() ? "" : ", ") + m.first;
   SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
 
-  std::vector<StateDict> parts(members_.size());
+  std::vector<CheckpointReader> parts(members_.size());
   for (size_t i = 0; i < members_.size(); ++i)
     parts[i].metadata = json::get_string(json::member(listed[i], "metadata", "members[]"), "metadata");
-  for (const auto& [name, tensor] : state.tensors) {
+  for (const auto& [name, tensor] : checkpoint.tensors) {
     const size_t slash = name.find('/');
     bool placed = false;
     for (size_t i = 0; i < members_.size() && slash != std::string::npos; ++i)

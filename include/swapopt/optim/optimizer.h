@@ -14,6 +14,9 @@
 
 namespace swapopt {
 
+struct CheckpointReader;
+struct TensorReader;
+
 /** Parameters that share options; `step` counts the optimizer steps taken by the group. */
 struct ParamGroup {
   /** The group's params in the order added; checkpoints index params over all groups in order. */
@@ -120,6 +123,15 @@ class Optimizer {
   /** Replaces options, steps and state from `state` after checking all of it against this
    *  optimizer's parameters; on any mismatch throws a named error and changes nothing. */
   virtual void load_state_dict(const StateDict& state);
+  /** Writes the checkpoint file that `save_state_dict(state_dict(), path)` writes, byte for byte,
+   *  streaming each state tensor from the device through a 16 MiB host staging buffer: no host
+   *  copy of the whole state is made (synchronises the stream). */
+  void save_checkpoint(const std::string& path);
+  /** Loads a checkpoint file as `load_state_dict(load_state_dict(path, options))` does, with the
+   *  same checks and errors, streaming each tensor from the file to the device through a 16 MiB
+   *  host staging buffer. The file's checksums are verified in a first pass before anything
+   *  changes; the file must not change while it loads. */
+  void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
   /** Whether a SwapOptimizer wraps this optimizer: its state then lives in the wrapper's host
    *  mirrors, so step(), state_dict() and load_state_dict() go through the wrapper. */
@@ -139,13 +151,15 @@ class Optimizer {
   /** Metadata JSON of the current groups and steps; validates the options first, so no bad or
    *  non-finite value reaches a checkpoint. */
   std::string metadata_json() const;
-  /** Checks `state` against this optimizer; returns the change that applies it, `write_tensor`
-   *  being how each checked host tensor reaches the state (the swap wrapper writes host mirrors).
-   *  Nothing changes until the returned function runs. */
-  std::function<void()> prepare_load(const StateDict& state,
-                                     std::function<void(const Param&, const std::string&, const Tensor&)> write_tensor);
-
  protected:
+  /** Checks `checkpoint` against this optimizer; returns the change that applies it,
+   *  `write_tensor` being how each checked tensor reaches the state (the swap wrapper reads into
+   *  host mirrors). Nothing changes until the returned function runs. */
+  std::function<void()> prepare_load(const CheckpointReader& checkpoint,
+                                     std::function<void(const Param&, const std::string&, const TensorReader&)> write_tensor);
+  /** Checks `checkpoint` and loads it into device state of this optimizer's own. */
+  void load_from(const CheckpointReader& checkpoint);
+
   // The parts of step(), for the wrappers that step several optimizers as one.
   friend class MuonWithAdamW;
   friend class SwapOptimizer;

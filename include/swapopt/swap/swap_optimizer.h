@@ -11,6 +11,8 @@
 
 namespace swapopt {
 
+struct CheckpointSource;
+
 /** Wraps one optimizer (through its StateSwapAdapter) so that its state lives in pinned host
  *  mirrors between steps and reaches the device a batch of update units at a time. */
 class SwapOptimizer {
@@ -49,6 +51,15 @@ class SwapOptimizer {
   /** Checks `state` like the bare optimizer, then writes swapped state into the host mirrors (no
    *  H2D); on a mismatch throws a named error and changes nothing. */
   void load_state_dict(const StateDict& state);
+  /** Writes the file that `save_state_dict(state_dict(), path)` writes, byte for byte, straight
+   *  from the host mirrors (state kept on the device goes through a 16 MiB staging buffer): no
+   *  copy of the state is made. Synchronises. */
+  void save_checkpoint(const std::string& path);
+  /** Loads a checkpoint file as `load_state_dict(load_state_dict(path, options))` does, with the
+   *  same checks and errors, reading swapped state from the file straight into the host mirrors.
+   *  The file's checksums are verified in a first pass before anything changes; the file must not
+   *  change while it loads. */
+  void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
   /** The report of the last step that has completed; never waits, so logging it costs no sync
    *  (after synchronize(), the last step's). */
@@ -76,10 +87,13 @@ class SwapOptimizer {
   PlannedStep plan_step();
   /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). */
   void run_step(PlannedStep& plan);
-  /** Checks `state` and returns the change that loads it (nothing changes before it runs). */
-  std::function<void()> prepare_load(const StateDict& state);
-
  private:
+  friend class SwapOptimizerSet;
+  /** Checks `checkpoint` and returns the change that loads it (nothing changes before it runs). */
+  std::function<void()> prepare_load(const CheckpointReader& checkpoint);
+  /** The state as save_checkpoint writes it: mirrors read in place (after synchronize()). */
+  CheckpointSource checkpoint_source();
+
   std::unique_ptr<StateSwapAdapter> adapter_;
   std::vector<std::string> keys_;
   PipelineSwapRuntime runtime_;

@@ -43,6 +43,14 @@ class SwapOptimizerSet {
   /** Checks the whole checkpoint against every member before any changes; a checkpoint of other
    *  members, or of one optimizer, is a named error. */
   void load_state_dict(const StateDict& state);
+  /** Writes the file that `save_state_dict(state_dict(), path)` writes, byte for byte, straight
+   *  from every member's host mirrors: no copy of the state is made. Synchronises. */
+  void save_checkpoint(const std::string& path);
+  /** Loads a checkpoint file as `load_state_dict(load_state_dict(path, options))` does, with the
+   *  same checks and errors, reading swapped state from the file straight into the mirrors. The
+   *  file's checksums are verified in a first pass before anything changes; the file must not
+   *  change while it loads. */
+  void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
   /** The member called `name`; throws "[swap] no member ..." when there is none. */
   SwapOptimizer& member(const std::string& name);
@@ -50,6 +58,8 @@ class SwapOptimizerSet {
   const std::vector<Member>& members() const { return members_; }
 
  private:
+  /** Checks `checkpoint` against every member, then loads it (nothing changes on an error). */
+  void load_from(const CheckpointReader& checkpoint);
   std::vector<Member> members_;
 };
 

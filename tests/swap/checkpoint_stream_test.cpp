@@ -1,0 +1,212 @@
+// save_checkpoint / load_checkpoint: the files and the loads of the StateDict path, bit for bit,
+// for bare, swapped and set optimizers, without a copy of the state in between.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "swap_fixture.h"
+#include "swapopt/optim/routing.h"
+#include "swapopt/swap/swap_optimizer_set.h"
+
+using namespace swapopt;
+
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+/** One optimizer under test (bare, swapped or a set) on its own copy of the model. */
+struct Subject {
+  std::vector<ParamPtr> params;
+  std::function<void()> step;
+  std::function<StateDict()> state_dict;
+  std::function<void(const StateDict&)> load_state_dict;
+  std::function<void(const std::string&)> save_checkpoint;
+  std::function<void(const std::string&)> load_checkpoint;
+  std::vector<std::shared_ptr<void>> keep;  // what the functions above refer to
+};
+
+/** The kinds of optimizer that save and load checkpoints. */
+const std::vector<std::string> kKinds = {"Muon", "AdamW", "swapped Muon", "swapped Muon per-tensor", "swapped AdamW",
+                                         "swapped Muon+AdamW set"};
+
+Subject make_subject(const std::string& kind) {
+  Subject s;
+  s.params = test::swap_model(11);
+  const Stream stream(Device::cpu());
+  SwapConfig config;
+  config.swap_times = 3;
+  config.min_numel = 64;  // "gate" (32 elements) stays on the device: both kinds of state are saved
+  config.packed = kind != "swapped Muon per-tensor";
+  auto bind = [&s](auto& opt) {
+    s.step = [&opt] { opt.step(); };
+    s.state_dict = [&opt] { return opt.state_dict(); };
+    s.load_state_dict = [&opt](const StateDict& state) { opt.load_state_dict(state); };
+    s.save_checkpoint = [&opt](const std::string& path) { opt.save_checkpoint(path); };
+    s.load_checkpoint = [&opt](const std::string& path) { opt.load_checkpoint(path); };
+  };
+  if (kind == "Muon" || kind == "swapped Muon" || kind == "swapped Muon per-tensor") {
+    auto muon = std::make_shared<Muon>(stream);
+    muon->add_param_group(s.params);
+    s.keep.push_back(muon);
+    if (kind == "Muon") {
+      bind(*muon);
+    } else {
+      std::shared_ptr<SwapOptimizer> swapped = swap_muon(*muon, config);
+      s.keep.push_back(swapped);
+      bind(*swapped);
+    }
+  } else if (kind == "AdamW" || kind == "swapped AdamW") {
+    auto adamw = std::make_shared<AdamW>(stream);
+    adamw->add_param_group(s.params);
+    s.keep.push_back(adamw);
+    if (kind == "AdamW") {
+      bind(*adamw);
+    } else {
+      std::shared_ptr<SwapOptimizer> swapped = swap_adamw(*adamw, config);
+      s.keep.push_back(swapped);
+      bind(*swapped);
+    }
+  } else {
+    auto both = std::make_shared<MuonWithAdamW>(stream, s.params);
+    s.keep.push_back(both);
+    std::shared_ptr<SwapOptimizerSet> set = swap_muon_with_adamw(*both, config);
+    s.keep.push_back(set);
+    bind(*set);
+  }
+  return s;
+}
+
+/** Two steps with some grads missing (so some params have no state yet). */
+void train(Subject& s, int first_step, int steps) {
+  for (int step = first_step; step < first_step + steps; ++step) {
+    test::set_swap_grads(s.params, step);
+    s.step();
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("swap") {
+
+TEST_CASE("save_checkpoint writes the StateDict path's file and load_checkpoint loads it the same, bit for bit") {
+  const std::string path = "/tmp/swapopt_test_stream.safetensors";
+  for (const std::string& kind : kKinds) {
+    CAPTURE(kind);
+    Subject saver = make_subject(kind);
+    train(saver, 1, 2);
+    saver.save_checkpoint(path);
+    const std::string streamed = file_bytes(path);
+    CHECK(streamed == serialize_state_dict(saver.state_dict()));
+
+    Subject via_file = make_subject(kind), via_state = make_subject(kind);
+    via_file.load_checkpoint(path);
+    via_state.load_state_dict(load_state_dict(path));
+    CHECK(serialize_state_dict(via_file.state_dict()) == streamed);
+    for (Subject* loaded : {&via_file, &via_state})  // a checkpoint holds no params: the trainer's do
+      for (size_t i = 0; i < saver.params.size(); ++i)
+        std::memcpy(loaded->params[i]->data.data_ptr(), saver.params[i]->data.data_ptr(), saver.params[i]->data.nbytes());
+    train(via_file, 3, 2);
+    train(via_state, 3, 2);
+    train(saver, 3, 2);
+    const std::string continued = serialize_state_dict(saver.state_dict());  // (state_dict() waits for the steps)
+    CHECK(serialize_state_dict(via_file.state_dict()) == continued);
+    CHECK(serialize_state_dict(via_state.state_dict()) == continued);
+    CHECK(test::params_bitwise_equal(via_file.params, saver.params));
+    CHECK(test::params_bitwise_equal(via_state.params, saver.params));
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("load_checkpoint of a damaged or foreign file gives the StateDict path's error and changes nothing") {
+  const std::string path = "/tmp/swapopt_test_stream_bad.safetensors";
+  for (const std::string& kind : kKinds) {
+    CAPTURE(kind);
+    Subject saver = make_subject(kind);
+    train(saver, 1, 2);
+    const std::string good = serialize_state_dict(saver.state_dict());
+    Subject target = make_subject(kind);
+    train(target, 1, 3);
+    const std::string before = serialize_state_dict(target.state_dict());
+    std::vector<ParamPtr> params_before;
+    for (const ParamPtr& p : target.params) params_before.push_back(make_param(p->name, p->data.clone()));
+    // Flips through the header and the data, truncations, and another kind's valid file.
+    std::vector<std::string> damaged;
+    for (size_t at = 0; at < good.size(); at += good.size() / 97 + 1) {
+      std::string flipped = good;
+      flipped[at] = char(flipped[at] ^ 0x10);
+      damaged.push_back(flipped);
+      damaged.push_back(good.substr(0, at));
+    }
+    // A valid file of another optimizer (AdamW's and swapped AdamW's files load into each other).
+    Subject other = make_subject(kind == "AdamW" || kind == "swapped AdamW" ? "Muon" : "AdamW");
+    train(other, 1, 1);
+    damaged.push_back(serialize_state_dict(other.state_dict()));
+    size_t rejected = 0;
+    for (const std::string& bytes : damaged) {
+      write_bytes(path, bytes);
+      std::string from_file = "loaded", from_state = "loaded";
+      try {
+        target.load_checkpoint(path);
+      } catch (const Error& e) {
+        from_file = e.what();
+      }
+      if (from_file == "loaded") {  // e.g. a flip in the header's padding: the same content
+        CHECK(serialize_state_dict(target.state_dict()) == good);
+        target.load_state_dict(parse_state_dict(before.data(), before.size()));
+        continue;
+      }
+      ++rejected;
+      try {
+        target.load_state_dict(load_state_dict(path));
+      } catch (const Error& e) {
+        from_state = e.what();
+      }
+      CHECK(from_file == from_state);
+      CHECK(serialize_state_dict(target.state_dict()) == before);
+      CHECK(test::params_bitwise_equal(target.params, params_before));
+    }
+    CHECK(rejected > damaged.size() / 2);
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a state tensor larger than the staging buffer streams in pieces, both ways") {
+  // 5M f32 elements: 20 MB per moment, two 16 MiB pieces each through the staging buffer (bare
+  // AdamW's device state) and in one read into the mirrors (swapped).
+  const std::string path = "/tmp/swapopt_test_stream_big.safetensors";
+  auto model = [] {
+    std::vector<ParamPtr> params = {make_param("big", test::random_tensor({5 << 20}, DType::f32, 3))};
+    params[0]->grad = test::random_tensor({5 << 20}, DType::f32, 4);
+    return params;
+  };
+  const Stream stream(Device::cpu());
+  auto params = model();
+  AdamW saver(stream);
+  saver.add_param_group(params);
+  saver.step();
+  saver.save_checkpoint(path);
+  const std::string want = serialize_state_dict(saver.state_dict());
+  CHECK(file_bytes(path) == want);
+
+  auto bare_params = model(), swapped_params = model();
+  AdamW bare(stream), inner(stream);
+  bare.add_param_group(bare_params);
+  inner.add_param_group(swapped_params);
+  auto swapped = swap_adamw(inner);
+  bare.load_checkpoint(path);
+  swapped->load_checkpoint(path);
+  CHECK(serialize_state_dict(bare.state_dict()) == want);
+  CHECK(serialize_state_dict(swapped->state_dict()) == want);
+  std::remove(path.c_str());
+}
+
+}  // TEST_SUITE
