@@ -230,8 +230,9 @@ StateDict read_tensors(const Header& header, const CheckpointReadOptions& option
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot create '" << tmp_ << "': " << std::strerror(errno));
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int err = errno;
+    SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot create '" << tmp_ << "': " << std::strerror(err));
   }
   ~AtomicFile() {  // not committed: an error left a partial file behind
     if (fd_ >= 0) ::close(fd_);
@@ -244,18 +245,19 @@ class AtomicFile {
     const char* bytes = static_cast<const char*>(data);
     while (size > 0) {
       const ssize_t n = ::write(fd_, bytes, size);
-      if (n < 0 && errno == EINTR) continue;
-      SWAPOPT_CHECK(n > 0, "[checkpoint] writing '" << tmp_ << "' failed: " << std::strerror(n < 0 ? errno : EIO));
+      const int err = n < 0 ? errno : EIO;
+      if (n < 0 && err == EINTR) continue;
+      SWAPOPT_CHECK(n > 0, "[checkpoint] writing '" << tmp_ << "' failed: " << std::strerror(err));
       bytes += n;
       size -= size_t(n);
     }
   }
   void commit() {
-    const bool synced = ::fsync(fd_) == 0;
-    const bool closed = ::close(fd_) == 0;
+    int err = ::fsync(fd_) == 0 ? 0 : errno;
+    if (::close(fd_) != 0 && err == 0) err = errno;
     fd_ = -1;
-    SWAPOPT_CHECK(synced && closed && std::rename(tmp_.c_str(), path_.c_str()) == 0,
-                  "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(errno));
+    if (err == 0 && std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
+    SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
     committed_ = true;
   }
 
@@ -265,42 +267,66 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-/** Reads `size` bytes at `offset` of an open file, or throws naming `path`. */
-void read_file_at(int fd, const std::string& path, void* to, uint64_t size, uint64_t offset) {
-  char* bytes = static_cast<char*>(to);
-  while (size > 0) {
-    const ssize_t got = ::pread(fd, bytes, size_t(std::min<uint64_t>(size, uint64_t(1) << 30)), off_t(offset));
-    if (got < 0 && errno == EINTR) continue;
-    SWAPOPT_CHECK(got > 0, "[checkpoint] reading '" << path << "' failed at byte " << offset << ": "
-                                                   << (got < 0 ? std::strerror(errno) : "the file ended early"));
-    bytes += got;
-    size -= uint64_t(got);
-    offset += uint64_t(got);
-  }
-}
+}  // namespace
 
-/** Opens `path` for reading; returns the descriptor and the file's size. */
-std::pair<int, uint64_t> open_for_reading(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  SWAPOPT_CHECK(fd >= 0, "[checkpoint] cannot open '" << path << "': " << std::strerror(errno));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
+/** A checkpoint file open for reading (closed with this object). */
+class ReadFile {
+ public:
+  explicit ReadFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     const int err = errno;
-    ::close(fd);
-    SWAPOPT_FAIL("[checkpoint] cannot stat '" << path << "': " << std::strerror(err));
+    SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot open '" << path << "': " << std::strerror(err));
+    if (::fstat(fd_, &opened_) != 0) {
+      const int stat_err = errno;
+      ::close(fd_);
+      SWAPOPT_FAIL("[checkpoint] cannot stat '" << path << "': " << std::strerror(stat_err));
+    }
   }
-  return {fd, uint64_t(info.st_size)};
-}
+  ~ReadFile() { ::close(fd_); }
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return uint64_t(opened_.st_size); }
+  /** Reads `size` bytes at `offset`, or throws naming the file. */
+  void read_at(void* to, uint64_t size, uint64_t offset) const {
+    char* bytes = static_cast<char*>(to);
+    while (size > 0) {
+      const ssize_t got = ::pread(fd_, bytes, size_t(std::min<uint64_t>(size, uint64_t(1) << 30)), off_t(offset));
+      const int err = errno;
+      if (got < 0 && err == EINTR) continue;
+      SWAPOPT_CHECK(got > 0, "[checkpoint] reading '" << path_ << "' failed at byte " << offset << ": "
+                                                      << (got < 0 ? std::strerror(err) : "the file ended early"));
+      bytes += got;
+      size -= uint64_t(got);
+      offset += uint64_t(got);
+    }
+  }
+  /** Whether the file still has the size and modification time it was opened with. */
+  bool unchanged() const {
+    struct stat now {};
+    return ::fstat(fd_, &now) == 0 && now.st_size == opened_.st_size && now.st_mtim.tv_sec == opened_.st_mtim.tv_sec &&
+           now.st_mtim.tv_nsec == opened_.st_mtim.tv_nsec;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  struct stat opened_ {};
+};
+
+namespace {
 
 /** The header of an open checkpoint file (size checked, parsed); its tensors' data starts at
  *  `payload`. */
-Header read_file_header(int fd, const std::string& path, uint64_t size, uint64_t& payload) {
+Header read_file_header(const ReadFile& file, uint64_t& payload) {
+  const uint64_t size = file.size();
   SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
   unsigned char size_bytes[8];
-  read_file_at(fd, path, size_bytes, 8, 0);
+  file.read_at(size_bytes, 8, 0);
   const uint64_t header_size = read_header_size(size_bytes, size);
   std::string text(size_t(header_size), '\0');
-  read_file_at(fd, path, text.data(), header_size, 8);
+  file.read_at(text.data(), header_size, 8);
   payload = 8 + header_size;
   return parse_header(text, size - payload);
 }
@@ -337,19 +363,11 @@ void save_state_dict(const StateDict& state, const std::string& path) {
 StateDict load_state_dict(const std::string& path, const CheckpointReadOptions& options) {
   // The header first, then each tensor read from the file into its own memory: no copy of the
   // whole file is ever held.
-  const auto [fd, size] = open_for_reading(path);
-  try {
-    uint64_t payload = 0;
-    const Header header = read_file_header(fd, path, size, payload);
-    StateDict out = read_tensors(header, options, [&, fd = fd](const TensorEntry& e, void* to) {
-      read_file_at(fd, path, to, e.end - e.begin, payload + e.begin);
-    });
-    ::close(fd);
-    return out;
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  const ReadFile file(path);
+  uint64_t payload = 0;
+  const Header header = read_file_header(file, payload);
+  return read_tensors(header, options,
+                      [&](const TensorEntry& e, void* to) { file.read_at(to, e.end - e.begin, payload + e.begin); });
 }
 
 // ---- streamed checkpoints (checkpoint_stream.h) ----------------------------------------------
@@ -383,7 +401,7 @@ TensorSource device_source(Stream& stream, const Tensor& device) {
   check_dense(device);
   // Through the staging buffer on every backend (also where host code could read the memory
   // directly): the CPU backend runs and tests the path CUDA takes.
-  return {device.dtype(), device.shape(), [&stream, device](const ByteSink& sink) {
+  return {device.dtype(), device.shape(), [stream, device](const ByteSink& sink) mutable {
             const Tensor staging = Tensor::empty({std::min<int64_t>(device.numel(), int64_t(kCheckpointChunkBytes / dtype_size(device.dtype())))},
                                                  device.dtype(), Device::cpu());
             for_each_chunk(device, [&](const Tensor& chunk, size_t) {
@@ -412,7 +430,8 @@ void fill_from(Stream& stream, const Tensor& device, const TensorReader& reader)
   });
 }
 
-void write_checkpoint(const CheckpointSource& source, const std::string& path) {
+void write_checkpoint(const CheckpointSource& source, const std::string& path,
+                      const std::function<void(const std::string& name)>& on_written) {
   std::vector<HeaderTensor> tensors;
   for (const auto& [name, t] : source.tensors) {
     uint32_t crc = crc32_of(nullptr, 0);
@@ -428,7 +447,10 @@ void write_checkpoint(const CheckpointSource& source, const std::string& path) {
   const std::string header = header_bytes(source.metadata, tensors);
   AtomicFile file(path);
   file.write(header.data(), header.size());
-  for (const auto& [name, t] : source.tensors) t.produce([&](const void* data, size_t size) { file.write(data, size); });
+  for (const auto& [name, t] : source.tensors) {
+    t.produce([&](const void* data, size_t size) { file.write(data, size); });
+    if (on_written) on_written(name);
+  }
   file.commit();
 }
 
@@ -446,40 +468,41 @@ CheckpointReader reader_of(const StateDict& state) {
   return out;
 }
 
-CheckpointFile::CheckpointFile(const std::string& path, const CheckpointReadOptions& options) : path_(path) {
-  const auto [fd, size] = open_for_reading(path);
-  fd_ = fd;
+CheckpointFile::CheckpointFile(const std::string& path, const CheckpointReadOptions& options)
+    : file_(std::make_unique<ReadFile>(path)) {
   uint64_t payload = 0;
-  Header header;
-  try {
-    header = read_file_header(fd_, path_, size, payload);
-    // Verified before anything reads it for real: each tensor's checksum over staging-sized pieces.
-    std::vector<char> buffer(std::min<uint64_t>(kCheckpointChunkBytes, size));
-    verify_checksums(header, options, [&](const TensorEntry& e) {
-      uint32_t crc = crc32_of(nullptr, 0);
-      for (uint64_t at = e.begin; at < e.end;) {
-        const uint64_t n = std::min<uint64_t>(buffer.size(), e.end - at);
-        read_at(buffer.data(), n, payload + at);
-        crc = crc32_update(crc, buffer.data(), size_t(n));
-        at += n;
-      }
-      return crc;
-    });
-  } catch (...) {
-    ::close(fd_);
-    throw;
-  }
+  const Header header = read_file_header(*file_, payload);
+  // Verified before anything reads it for real: each tensor's checksum over staging-sized pieces.
+  const size_t piece = size_t(std::min<uint64_t>(kCheckpointChunkBytes, file_->size()));
+  const std::unique_ptr<char[]> buffer(new char[std::max<size_t>(piece, 1)]);
+  verify_checksums(header, options, [&](const TensorEntry& e) {
+    uint32_t crc = crc32_of(nullptr, 0);
+    for (uint64_t at = e.begin; at < e.end;) {
+      const uint64_t n = std::min<uint64_t>(piece, e.end - at);
+      file_->read_at(buffer.get(), n, payload + at);
+      crc = crc32_update(crc, buffer.get(), size_t(n));
+      at += n;
+    }
+    return crc;
+  });
   reader_.metadata = header.metadata;
   for (const TensorEntry& e : header.tensors) {
     const uint64_t begin = payload + e.begin;
     reader_.tensors.emplace(e.name, TensorReader{e.dtype, e.shape, [this, begin](void* to, size_t offset, size_t size) {
-                                                   read_at(to, size, begin + offset);
+                                                   // After the checks: a failure now leaves a load half done.
+                                                   try {
+                                                     SWAPOPT_CHECK(file_->unchanged(), "the file changed after its checksums were verified");
+                                                     file_->read_at(to, size, begin + offset);
+                                                   } catch (const std::exception& e) {
+                                                     SWAPOPT_FAIL("[checkpoint] loading '" << file_->path()
+                                                                  << "' failed after its checks, so the optimizer's state is now "
+                                                                     "incomplete: load a checkpoint again before stepping ("
+                                                                  << e.what() << ")");
+                                                   }
                                                  }});
   }
 }
 
-CheckpointFile::~CheckpointFile() { ::close(fd_); }
-
-void CheckpointFile::read_at(void* to, uint64_t size, uint64_t offset) const { read_file_at(fd_, path_, to, size, offset); }
+CheckpointFile::~CheckpointFile() = default;
 
 }  // namespace swapopt

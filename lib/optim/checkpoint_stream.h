@@ -61,8 +61,10 @@ void fill_from(Stream& stream, const Tensor& device, const TensorReader& reader)
 
 /** Writes `source` atomically (temp, fsync, rename), byte for byte what save_state_dict writes
  *  for the StateDict of the same tensors: the checksums in a first pass over the sources, then
- *  the header and the bytes. */
-void write_checkpoint(const CheckpointSource& source, const std::string& path);
+ *  the header and the bytes. `on_written(name)` runs once a tensor's bytes are written (its
+ *  source is not read again). */
+void write_checkpoint(const CheckpointSource& source, const std::string& path,
+                      const std::function<void(const std::string& name)>& on_written = {});
 
 /** Readers over `state`'s tensors (in memory: no copy). */
 CheckpointReader reader_of(const StateDict& state);
@@ -71,6 +73,8 @@ CheckpointReader reader_of(const StateDict& state);
  *  file read once in staging-sized pieces) before reader() is handed out; its readers read the
  *  file again, piece by piece, into the memory they are given. The file must not change until
  *  loading is done. */
+class ReadFile;
+
 class CheckpointFile {
  public:
   CheckpointFile(const std::string& path, const CheckpointReadOptions& options);
@@ -80,9 +84,7 @@ class CheckpointFile {
   const CheckpointReader& reader() const { return reader_; }
 
  private:
-  void read_at(void* to, uint64_t size, uint64_t offset) const;
-  std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<ReadFile> file_;
   CheckpointReader reader_;
 };
 

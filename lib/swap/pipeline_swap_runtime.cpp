@@ -407,8 +407,15 @@ void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
   batch.phase = Phase::loaded;
 }
 
+void PipelineSwapRuntime::release_mirror_reader() {
+  if (mirror_reader_) mirror_reader_->wait_all();
+  mirror_reader_.reset();
+}
+
 void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
   trace("d2h", index);
+  // An asynchronous checkpoint may still be reading these mirrors: the copy overwrites them.
+  if (mirror_reader_) mirror_reader_->wait_released(batch.slots);
   compute_mark_.record(compute_);
   d2h_.wait(compute_mark_);
   if (!config_.packed) {

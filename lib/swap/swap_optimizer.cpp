@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "../optim/checkpoint_stream.h"
+#include "async_save.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/swap/adamw_swap_adapter.h"
@@ -44,6 +45,7 @@ SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConf
 }
 
 SwapOptimizer::~SwapOptimizer() {
+  if (save_) save_->wait_all();  // it reads the mirrors (a failure it met is dropped with it)
   try {
     runtime_.return_state();
   } catch (const std::exception& e) {  // destructors never throw; the state stays unreachable
@@ -60,6 +62,7 @@ void SwapOptimizer::step() {
 // Everything that can reject the step runs before anything changes: the optimizer's checks, the
 // plan and the budget. State a unit creates is made when run() starts.
 SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
+  check_save();
   optimizer().apply_schedule();
   optimizer().check_step();
   PlannedStep plan;
@@ -124,7 +127,8 @@ void SwapOptimizer::load_checkpoint(const std::string& path, const CheckpointRea
   prepare_load(file.reader())();
 }
 
-CheckpointSource SwapOptimizer::checkpoint_source() {
+CheckpointSource SwapOptimizer::checkpoint_source(bool copy_device_state,
+                                                   std::unordered_map<const SwapSlot*, std::string>* mirrors) {
   Optimizer& opt = optimizer();
   synchronize();
   CheckpointSource out;
@@ -132,11 +136,40 @@ CheckpointSource SwapOptimizer::checkpoint_source() {
   // No copy is in flight after synchronize(): the mirrors are read in place.
   for (const auto& [param, ps] : opt.state())
     for (const auto& [key, tensor] : ps.tensors) {
+      const std::string name = "state." + std::to_string(opt.param_index(param)) + "." + key;
       const SwapSlot* slot = runtime_.find_slot(param, key);
-      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key,
-                          slot != nullptr ? host_source(slot->host) : device_source(opt.stream(), tensor));
+      if (slot != nullptr) {
+        out.tensors.emplace(name, host_source(slot->host));
+        if (mirrors != nullptr) mirrors->emplace(slot, name);
+      } else if (copy_device_state) {
+        Tensor host = Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
+        ops::copy(opt.stream(), tensor, host);
+        out.tensors.emplace(name, host_source(host));
+      } else {
+        out.tensors.emplace(name, device_source(opt.stream(), tensor));
+      }
     }
+  if (copy_device_state) opt.stream().synchronize();
   return out;
+}
+
+void SwapOptimizer::save_async(const std::string& path) {
+  wait_save();
+  std::unordered_map<const SwapSlot*, std::string> mirrors;
+  CheckpointSource source = checkpoint_source(true, &mirrors);
+  save_ = std::make_shared<AsyncSave>(std::move(source), std::move(mirrors), path);
+  runtime_.set_mirror_reader(save_);
+}
+
+void SwapOptimizer::wait_save() {
+  if (!save_) return;
+  const std::shared_ptr<AsyncSave> save = std::move(save_);
+  runtime_.set_mirror_reader(nullptr);
+  save->wait();
+}
+
+void SwapOptimizer::check_save() {
+  if (save_ && save_->finished()) wait_save();
 }
 
 void SwapOptimizer::save_checkpoint(const std::string& path) { write_checkpoint(checkpoint_source(), path); }
@@ -158,6 +191,7 @@ std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkp
     }
   });
   return [this, apply = std::move(apply)] {
+    runtime_.release_mirror_reader();   // a background save may still read the mirrors
     runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
     synchronize();
     for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone

@@ -5,6 +5,7 @@
 
 #include "../optim/checkpoint_stream.h"
 #include "../optim/json.h"
+#include "async_save.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -34,7 +35,12 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
   }
 }
 
+SwapOptimizerSet::~SwapOptimizerSet() {
+  if (save_) save_->wait_all();  // it reads the members' mirrors
+}
+
 void SwapOptimizerSet::step() {
+  if (save_ && save_->finished()) wait_save();  // a failed background save is reported before anything changes
   std::vector<SwapOptimizer::PlannedStep> plans;
   plans.reserve(members_.size());
   bool skip = false;  // a non-finite grad in any member skips them all
@@ -83,18 +89,39 @@ StateDict SwapOptimizerSet::state_dict() {
   return out;
 }
 
-void SwapOptimizerSet::save_checkpoint(const std::string& path) {
+CheckpointSource SwapOptimizerSet::checkpoint_source(bool copy_device_state,
+                                                      std::unordered_map<const SwapSlot*, std::string>* mirrors) {
   CheckpointSource out;
   std::string optimizers;
   std::vector<std::pair<std::string, std::string>> metadata;
   for (Member& m : members_) {
-    CheckpointSource part = m.second->checkpoint_source();
+    std::unordered_map<const SwapSlot*, std::string> part_mirrors;
+    CheckpointSource part = m.second->checkpoint_source(copy_device_state, &part_mirrors);
     for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
+    if (mirrors != nullptr)
+      for (auto& [slot, name] : part_mirrors) mirrors->emplace(slot, m.first + "/" + name);
     metadata.emplace_back(m.first, part.metadata);
     optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
   }
   out.metadata = set_metadata(metadata, optimizers);
-  write_checkpoint(out, path);
+  return out;
+}
+
+void SwapOptimizerSet::save_checkpoint(const std::string& path) { write_checkpoint(checkpoint_source(false, nullptr), path); }
+
+void SwapOptimizerSet::save_async(const std::string& path) {
+  wait_save();
+  std::unordered_map<const SwapSlot*, std::string> mirrors;
+  CheckpointSource source = checkpoint_source(true, &mirrors);
+  save_ = std::make_shared<AsyncSave>(std::move(source), std::move(mirrors), path);
+  for (Member& m : members_) m.second->runtime().set_mirror_reader(save_);
+}
+
+void SwapOptimizerSet::wait_save() {
+  if (!save_) return;
+  const std::shared_ptr<AsyncSave> save = std::move(save_);
+  for (Member& m : members_) m.second->runtime().set_mirror_reader(nullptr);
+  save->wait();
 }
 
 void SwapOptimizerSet::load_state_dict(const StateDict& state) { load_from(reader_of(state)); }

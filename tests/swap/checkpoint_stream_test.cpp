@@ -1,9 +1,12 @@
 // save_checkpoint / load_checkpoint: the files and the loads of the StateDict path, bit for bit,
 // for bare, swapped and set optimizers, without a copy of the state in between.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <sys/stat.h>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "swap_fixture.h"
 #include "swapopt/optim/routing.h"
@@ -31,7 +34,15 @@ struct Subject {
   std::function<void(const StateDict&)> load_state_dict;
   std::function<void(const std::string&)> save_checkpoint;
   std::function<void(const std::string&)> load_checkpoint;
-  std::vector<std::shared_ptr<void>> keep;  // what the functions above refer to
+  std::function<void(const std::string&)> save_async;  // swapped kinds only
+  std::function<void()> wait_save;
+  std::vector<std::shared_ptr<void>> keep;  // what the functions above refer to, wrappers after what they wrap
+
+  Subject() = default;
+  Subject(Subject&&) = default;
+  ~Subject() {  // a wrapper goes before the optimizer it wraps
+    while (!keep.empty()) keep.pop_back();
+  }
 };
 
 /** The kinds of optimizer that save and load checkpoints. */
@@ -47,6 +58,10 @@ Subject make_subject(const std::string& kind) {
   config.min_numel = 64;  // "gate" (32 elements) stays on the device: both kinds of state are saved
   config.packed = kind != "swapped Muon per-tensor";
   auto bind = [&s](auto& opt) {
+    if constexpr (requires { opt.save_async(std::string()); }) {
+      s.save_async = [&opt](const std::string& path) { opt.save_async(path); };
+      s.wait_save = [&opt] { opt.wait_save(); };
+    }
     s.step = [&opt] { opt.step(); };
     s.state_dict = [&opt] { return opt.state_dict(); };
     s.load_state_dict = [&opt](const StateDict& state) { opt.load_state_dict(state); };
@@ -207,6 +222,102 @@ TEST_CASE("a state tensor larger than the staging buffer streams in pieces, both
   CHECK(serialize_state_dict(bare.state_dict()) == want);
   CHECK(serialize_state_dict(swapped->state_dict()) == want);
   std::remove(path.c_str());
+}
+
+TEST_CASE("save_async writes what a synchronous save writes at that step while the steps go on, and changes no step") {
+  const std::string sync_path = "/tmp/swapopt_test_async_sync.safetensors", async_path = "/tmp/swapopt_test_async.safetensors";
+  for (const std::string& kind : kKinds) {
+    if (kind.rfind("swapped", 0) != 0) continue;
+    CAPTURE(kind);
+    Subject saver = make_subject(kind), twin = make_subject(kind);
+    train(saver, 1, 2);
+    train(twin, 1, 2);
+    saver.save_checkpoint(sync_path);
+    saver.save_async(async_path);
+    train(saver, 3, 3);  // offloads into mirrors the writer may still be reading
+    saver.wait_save();
+    CHECK(file_bytes(async_path) == file_bytes(sync_path));
+    train(twin, 3, 3);
+    CHECK(serialize_state_dict(saver.state_dict()) == serialize_state_dict(twin.state_dict()));
+    CHECK(test::params_bitwise_equal(saver.params, twin.params));
+  }
+  std::remove(sync_path.c_str());
+  std::remove(async_path.c_str());
+}
+
+TEST_CASE("save_async: the offloads of later steps wait until the writer has written their mirrors") {
+  // The file is written into a FIFO whose reader starts late, so the writer is held up after its
+  // checksum pass while the next steps run: an offload that did not wait for the writer would
+  // change bytes it has already checksummed but not yet written.
+  const std::string sync_path = "/tmp/swapopt_test_async_fifo_sync.safetensors",
+                    async_path = "/tmp/swapopt_test_async_fifo.safetensors", fifo = async_path + ".tmp";
+  std::vector<ParamPtr> params;
+  for (int i = 0; i < 8; ++i) {
+    params.push_back(make_param("w." + std::to_string(i), test::random_tensor({1 << 16}, DType::f32, 40 + uint32_t(i))));
+    params.back()->grad = test::random_tensor({1 << 16}, DType::f32, 60 + uint32_t(i));
+  }
+  AdamW adamw(Stream(Device::cpu()));
+  adamw.add_param_group(params);
+  SwapConfig config;
+  config.swap_times = 4;
+  auto swapped = swap_adamw(adamw, config);
+  swapped->step();
+  swapped->save_checkpoint(sync_path);
+  std::remove(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  std::string written;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    written = file_bytes(fifo);
+  });
+  // A FIFO cannot be fsynced, so the commit fails once every byte is through: that error reaches
+  // a later step or wait_save(), and the bytes are what the test compares.
+  std::string error;
+  swapped->save_async(async_path);
+  for (int step = 0; step < 3; ++step) {  // their offloads wait for the reader
+    try {
+      swapped->step();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  try {
+    swapped->wait_save();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  reader.join();
+  CHECK(error == "[checkpoint] saving '" + async_path + "' in the background failed: [checkpoint] cannot commit '" +
+                     async_path + "': Invalid argument");
+  CHECK(written == file_bytes(sync_path));
+  std::remove(sync_path.c_str());
+  std::remove(fifo.c_str());
+}
+
+TEST_CASE("a failed save_async is thrown by the next step, before it changes anything, or by wait_save, once") {
+  for (const bool by_step : {true, false}) {
+    CAPTURE(by_step);
+    Subject s = make_subject("swapped AdamW"), twin = make_subject("swapped AdamW");
+    train(s, 1, 1);
+    train(twin, 1, 1);
+    s.save_async("/nonexistent-dir/x.safetensors");
+    const std::string want = "[checkpoint] saving '/nonexistent-dir/x.safetensors' in the background failed: [checkpoint] "
+                             "cannot create '/nonexistent-dir/x.safetensors.tmp': No such file or directory";
+    if (by_step) {
+      test::set_swap_grads(s.params, 2);
+      // The writer fails at once (the directory does not exist); a step reports a save that has
+      // finished, so give the writer's thread ample time to get there.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      CHECK_THROWS_WITH_AS(s.step(), want.c_str(), Error);
+    } else {
+      CHECK_THROWS_WITH_AS(s.wait_save(), want.c_str(), Error);
+    }
+    CHECK_NOTHROW(s.wait_save());  // reported once
+    CHECK(serialize_state_dict(s.state_dict()) == serialize_state_dict(twin.state_dict()));
+    train(s, 2, 1);
+    train(twin, 2, 1);
+    CHECK(serialize_state_dict(s.state_dict()) == serialize_state_dict(twin.state_dict()));
+  }
 }
 
 }  // TEST_SUITE

@@ -50,6 +50,18 @@ struct SwapStepReport {
   bool skipped_nonfinite = false;
 };
 
+/** Something that reads the host mirrors on another thread (an asynchronous checkpoint): every
+ *  write into a mirror first waits until it has taken that mirror's bytes. */
+class MirrorReader {
+ public:
+  virtual ~MirrorReader() = default;
+  /** Blocks until the reader no longer needs the mirrors of `slots` (returns at once for slots
+   *  it does not read, and once it has failed or finished). */
+  virtual void wait_released(std::span<SwapSlot* const> slots) = 0;
+  /** Blocks until the reader needs no mirror any more. */
+  virtual void wait_all() = 0;
+};
+
 /** The swap machinery of one SwapOptimizer: owns the pinned mirrors and the slots, cuts each
  *  step's units into batches and brings each batch's state to the device for its run and back
  *  after it, double-buffered on its two copy streams. */
@@ -123,6 +135,13 @@ class PipelineSwapRuntime {
    *  streams, the last step's). Before any step completed, an empty report. */
   const SwapStepReport& last_report();
 
+  /** From now on, each batch's D2H into the mirrors first waits until `reader` has released them
+   *  (null: no reader). */
+  void set_mirror_reader(std::shared_ptr<MirrorReader> reader) { mirror_reader_ = std::move(reader); }
+  /** Waits until the mirror reader, if any, needs no mirror, and forgets it: before the host
+   *  writes mirrors (loading a checkpoint). */
+  void release_mirror_reader();
+
   /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
   void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
 
@@ -185,7 +204,7 @@ class PipelineSwapRuntime {
   std::array<Event, 2> offloaded_;
   Event compute_mark_;
   Event last_offload_;
-  /** A step's report until both streams have passed its end; its timers stay untouched until then
+  /** A step's report until all three streams have passed its end; its timers stay untouched until then
    *  (two sets, alternating by step, so one step may run while the previous one's is read). */
   struct ReportInFlight {
     SwapStepReport report;
@@ -198,7 +217,7 @@ class PipelineSwapRuntime {
   };
   /** Starts the report of a new step, in the next timer set (retiring what it held). */
   void begin_report();
-  /** Ends the current step's report: marks both streams' end. */
+  /** Ends the current step's report: marks the end of all three streams. */
   void end_report();
   /** Moves the set's report into completed_ if its step has completed, or `force`d (then without
    *  its wait time). */
@@ -221,6 +240,7 @@ class PipelineSwapRuntime {
   SwapStepReport report_;
   size_t resident_now_ = 0;
   std::function<void(const std::string&)> trace_;
+  std::shared_ptr<MirrorReader> mirror_reader_;
 };
 
 }  // namespace swapopt

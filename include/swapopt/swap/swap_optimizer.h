@@ -3,6 +3,8 @@
  *  the bare optimizer's. */
 
 #include <memory>
+#include <string>
+#include <unordered_map>
 
 #include "swapopt/optim/adamw.h"
 #include "swapopt/optim/muon.h"
@@ -12,6 +14,7 @@
 namespace swapopt {
 
 struct CheckpointSource;
+class AsyncSave;
 
 /** Wraps one optimizer (through its StateSwapAdapter) so that its state lives in pinned host
  *  mirrors between steps and reaches the device a batch of update units at a time. */
@@ -60,6 +63,16 @@ class SwapOptimizer {
    *  The file's checksums are verified in a first pass before anything changes; the file must not
    *  change while it loads. */
   void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
+  /** Starts writing the checkpoint of the state as it is now (after the steps so far, waited
+   *  for) on a background thread and returns: the file will be byte for byte what
+   *  save_checkpoint(path) writes now, committed atomically. Training goes on meanwhile; the
+   *  mirrors are read in place, and a later step's offload into a mirror waits only until the
+   *  writer has written it (state kept on the device is copied to the host here). A save still
+   *  running is waited for first. A failure is thrown by the next step() (before it changes
+   *  anything) or wait_save(), once. */
+  void save_async(const std::string& path);
+  /** Blocks until the last save_async() has committed its file; throws its failure. */
+  void wait_save();
 
   /** The report of the last step that has completed; never waits, so logging it costs no sync
    *  (after synchronize(), the last step's). */
@@ -91,8 +104,14 @@ class SwapOptimizer {
   friend class SwapOptimizerSet;
   /** Checks `checkpoint` and returns the change that loads it (nothing changes before it runs). */
   std::function<void()> prepare_load(const CheckpointReader& checkpoint);
-  /** The state as save_checkpoint writes it: mirrors read in place (after synchronize()). */
-  CheckpointSource checkpoint_source();
+  /** The state as save_checkpoint writes it, after synchronize(): mirrors read in place (each
+   *  slot's tensor name put in `mirrors`, when given); state kept on the device streamed through
+   *  the staging buffer, or with `copy_device_state` copied to host memory now. */
+  CheckpointSource checkpoint_source(bool copy_device_state = false,
+                                     std::unordered_map<const SwapSlot*, std::string>* mirrors = nullptr);
+  /** Throws the failure of a finished save_async(), once. */
+  void check_save();
+  std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 
   std::unique_ptr<StateSwapAdapter> adapter_;
   std::vector<std::string> keys_;

@@ -20,6 +20,10 @@ class SwapOptimizerSet {
   /** `members`: a unique name each (letters, digits, '_' and '-'; the checkpoint's tensor prefix)
    *  and its wrapper; all on one stream. Throws "[swap] ..." naming what is wrong. */
   explicit SwapOptimizerSet(std::vector<Member> members);
+  /** Waits for a save_async() still writing (its failure, if any, is dropped). */
+  ~SwapOptimizerSet();
+  SwapOptimizerSet(const SwapOptimizerSet&) = delete;
+  SwapOptimizerSet& operator=(const SwapOptimizerSet&) = delete;
 
   /** One step of every member, with Optimizer::step's contract: every member is checked and
    *  planned (budget included) before any of them changes anything. */
@@ -51,6 +55,11 @@ class SwapOptimizerSet {
    *  file's checksums are verified in a first pass before anything changes; the file must not
    *  change while it loads. */
   void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
+  /** SwapOptimizer::save_async over every member: one file, byte for byte what save_checkpoint
+   *  writes now, written in the background while the set keeps stepping. */
+  void save_async(const std::string& path);
+  /** Blocks until the last save_async() has committed its file; throws its failure. */
+  void wait_save();
 
   /** The member called `name`; throws "[swap] no member ..." when there is none. */
   SwapOptimizer& member(const std::string& name);
@@ -60,7 +69,11 @@ class SwapOptimizerSet {
  private:
   /** Checks `checkpoint` against every member, then loads it (nothing changes on an error). */
   void load_from(const CheckpointReader& checkpoint);
+  /** Every member's SwapOptimizer::checkpoint_source under its name's prefix, and the set's
+   *  metadata. */
+  CheckpointSource checkpoint_source(bool copy_device_state, std::unordered_map<const SwapSlot*, std::string>* mirrors);
   std::vector<Member> members_;
+  std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 };
 
 /** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw". */
