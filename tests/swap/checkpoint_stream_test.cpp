@@ -1,9 +1,13 @@
 // save_checkpoint / load_checkpoint: the files and the loads of the StateDict path, bit for bit,
 // for bare, swapped and set optimizers, without a copy of the state in between.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -318,6 +322,63 @@ TEST_CASE("a failed save_async is thrown by the next step, before it changes any
     train(twin, 2, 1);
     CHECK(serialize_state_dict(s.state_dict()) == serialize_state_dict(twin.state_dict()));
   }
+}
+
+TEST_CASE("a process killed while save_async writes leaves the previous checkpoint whole and loadable") {
+  // The test runs itself as a child (SWAPOPT_KILLED_SAVE=<dir>): it saves a checkpoint, keeps a
+  // copy of it, steps, starts save_async() over the same path and kills itself (SIGKILL) while
+  // the writer is filling the temporary file.
+  auto model = [] {
+    std::vector<ParamPtr> params;
+    for (int i = 0; i < 8; ++i) {
+      params.push_back(make_param("w." + std::to_string(i), test::random_tensor({1 << 20}, DType::f32, 70 + uint32_t(i))));
+      params.back()->grad = test::random_tensor({1 << 20}, DType::f32, 80 + uint32_t(i));
+    }
+    return params;
+  };
+  if (const char* dir = std::getenv("SWAPOPT_KILLED_SAVE")) {
+    const std::string path = std::string(dir) + "/run.safetensors", tmp = path + ".tmp";
+    auto params = model();
+    AdamW adamw(Stream(Device::cpu()));
+    adamw.add_param_group(params);
+    auto swapped = swap_adamw(adamw);
+    swapped->step();
+    swapped->save_checkpoint(path);
+    write_bytes(path + ".previous", file_bytes(path));
+    swapped->step();
+    swapped->save_async(path);
+    struct stat info {};
+    for (int polls = 0; polls < 200000; ++polls) {  // up to ~10 s
+      if (::stat(tmp.c_str(), &info) == 0 && info.st_size > 0) std::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    std::_Exit(3);  // never saw the temporary file: the writer was too quick
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(n > 0);
+  self[n] = '\0';
+  char dir_template[] = "/tmp/swapopt-killed-save-XXXXXX";
+  REQUIRE(mkdtemp(dir_template) != nullptr);
+  const std::string dir = dir_template, path = dir + "/run.safetensors";
+  int status = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::remove(path.c_str());
+    status = std::system(("SWAPOPT_KILLED_SAVE=" + dir + " '" + self + "' -tc='*killed while save_async*' >/dev/null 2>&1").c_str());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL) break;  // the shell's code for a SIGKILLed child
+  }
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 128 + SIGKILL);
+  CHECK(file_bytes(path) == file_bytes(path + ".previous"));  // untouched by the interrupted save
+  auto params = model();
+  AdamW adamw(Stream(Device::cpu()));
+  adamw.add_param_group(params);
+  auto swapped = swap_adamw(adamw);
+  CHECK_NOTHROW(swapped->load_checkpoint(path));
+  CHECK_THROWS_AS(swapped->load_checkpoint(path + ".tmp"), Error);  // the partial file is left, and rejected
+  for (const char* name : {"/run.safetensors", "/run.safetensors.tmp", "/run.safetensors.previous"})
+    std::remove((dir + name).c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // TEST_SUITE
