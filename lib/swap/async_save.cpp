@@ -20,7 +20,7 @@ void AsyncSave::run() {
     write_checkpoint(source_, path_, [this](const std::string& name) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        written_[name] = true;
+        written_.at(name) = true;
       }
       changed_.notify_all();
     });

@@ -407,9 +407,17 @@ void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
   batch.phase = Phase::loaded;
 }
 
-void PipelineSwapRuntime::release_mirror_reader() {
+void PipelineSwapRuntime::set_mirror_reader(std::shared_ptr<MirrorReader> reader) {
+  if (mirror_reader_ && mirror_reader_ != reader) mirror_reader_->wait_all();
+  mirror_reader_ = std::move(reader);
+}
+
+void PipelineSwapRuntime::clear_mirror_reader(const MirrorReader* reader) {
+  if (mirror_reader_.get() == reader) mirror_reader_.reset();
+}
+
+void PipelineSwapRuntime::wait_mirror_reader() {
   if (mirror_reader_) mirror_reader_->wait_all();
-  mirror_reader_.reset();
 }
 
 void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {

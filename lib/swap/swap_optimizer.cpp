@@ -123,6 +123,7 @@ StateDict SwapOptimizer::state_dict() {
 void SwapOptimizer::load_state_dict(const StateDict& state) { prepare_load(reader_of(state))(); }
 
 void SwapOptimizer::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  runtime_.wait_mirror_reader();  // a background save may be writing this very file
   const CheckpointFile file(path, options);
   prepare_load(file.reader())();
 }
@@ -164,7 +165,7 @@ void SwapOptimizer::save_async(const std::string& path) {
 void SwapOptimizer::wait_save() {
   if (!save_) return;
   const std::shared_ptr<AsyncSave> save = std::move(save_);
-  runtime_.set_mirror_reader(nullptr);
+  runtime_.clear_mirror_reader(save.get());
   save->wait();
 }
 
@@ -172,7 +173,10 @@ void SwapOptimizer::check_save() {
   if (save_ && save_->finished()) wait_save();
 }
 
-void SwapOptimizer::save_checkpoint(const std::string& path) { write_checkpoint(checkpoint_source(), path); }
+void SwapOptimizer::save_checkpoint(const std::string& path) {
+  runtime_.wait_mirror_reader();  // one writer of a file at a time (its failure stays for wait_save)
+  write_checkpoint(checkpoint_source(), path);
+}
 
 std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkpoint) {
   // The write runs later, inside the returned change: it captures nothing of this frame.
@@ -191,7 +195,7 @@ std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkp
     }
   });
   return [this, apply = std::move(apply)] {
-    runtime_.release_mirror_reader();   // a background save may still read the mirrors
+    runtime_.wait_mirror_reader();      // a background save may still read the mirrors
     runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
     synchronize();
     for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone

@@ -107,7 +107,10 @@ CheckpointSource SwapOptimizerSet::checkpoint_source(bool copy_device_state,
   return out;
 }
 
-void SwapOptimizerSet::save_checkpoint(const std::string& path) { write_checkpoint(checkpoint_source(false, nullptr), path); }
+void SwapOptimizerSet::save_checkpoint(const std::string& path) {
+  for (Member& m : members_) m.second->runtime().wait_mirror_reader();  // one writer of a file at a time
+  write_checkpoint(checkpoint_source(false, nullptr), path);
+}
 
 void SwapOptimizerSet::save_async(const std::string& path) {
   wait_save();
@@ -120,13 +123,14 @@ void SwapOptimizerSet::save_async(const std::string& path) {
 void SwapOptimizerSet::wait_save() {
   if (!save_) return;
   const std::shared_ptr<AsyncSave> save = std::move(save_);
-  for (Member& m : members_) m.second->runtime().set_mirror_reader(nullptr);
+  for (Member& m : members_) m.second->runtime().clear_mirror_reader(save.get());
   save->wait();
 }
 
 void SwapOptimizerSet::load_state_dict(const StateDict& state) { load_from(reader_of(state)); }
 
 void SwapOptimizerSet::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  for (Member& m : members_) m.second->runtime().wait_mirror_reader();  // a background save may be writing this file
   const CheckpointFile file(path, options);
   load_from(file.reader());
 }

@@ -135,12 +135,14 @@ class PipelineSwapRuntime {
    *  streams, the last step's). Before any step completed, an empty report. */
   const SwapStepReport& last_report();
 
-  /** From now on, each batch's D2H into the mirrors first waits until `reader` has released them
-   *  (null: no reader). */
-  void set_mirror_reader(std::shared_ptr<MirrorReader> reader) { mirror_reader_ = std::move(reader); }
-  /** Waits until the mirror reader, if any, needs no mirror, and forgets it: before the host
-   *  writes mirrors (loading a checkpoint). */
-  void release_mirror_reader();
+  /** From now on, each batch's D2H into the mirrors first waits until `reader` has released them.
+   *  A different reader installed before is waited for first (one reader at a time). */
+  void set_mirror_reader(std::shared_ptr<MirrorReader> reader);
+  /** Forgets `reader` if it is the one installed (another one stays). */
+  void clear_mirror_reader(const MirrorReader* reader);
+  /** Waits until the mirror reader, if any, needs no mirror: before the host writes mirrors
+   *  (loading a checkpoint) or writes a checkpoint file itself. */
+  void wait_mirror_reader();
 
   /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
   void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }

@@ -67,9 +67,11 @@ class SwapOptimizer {
    *  for) on a background thread and returns: the file will be byte for byte what
    *  save_checkpoint(path) writes now, committed atomically. Training goes on meanwhile; the
    *  mirrors are read in place, and a later step's offload into a mirror waits only until the
-   *  writer has written it (state kept on the device is copied to the host here). A save still
-   *  running is waited for first. A failure is thrown by the next step() (before it changes
-   *  anything) or wait_save(), once. */
+   *  writer has written it (state kept on the device is copied to the host here). The writer
+   *  checksums the whole state before it writes any of it, so the first offloads after this call
+   *  wait for that pass. A save still running is waited for first (and its failure thrown here).
+   *  A failure is thrown by the next step() (before it changes anything), save_async() or
+   *  wait_save(), once. save_checkpoint() and the loads wait for a running save first. */
   void save_async(const std::string& path);
   /** Blocks until the last save_async() has committed its file; throws its failure. */
   void wait_save();
