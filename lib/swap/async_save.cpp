@@ -29,7 +29,7 @@ void AsyncSave::run() {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    error_ = error;
+    error_ = std::move(error);  // this thread keeps no reference: the waiter may free the exception
     finished_ = true;
   }
   changed_.notify_all();

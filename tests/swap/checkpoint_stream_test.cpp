@@ -295,6 +295,54 @@ TEST_CASE("save_async: the offloads of later steps wait until the writer has wri
   std::remove(sync_path.c_str());
 }
 
+TEST_CASE("a member's own save_async while its set's runs waits for the set's, which stays intact") {
+  // One mirror reader per runtime: the member's save waits for the set's writer (held up by a
+  // FIFO) instead of replacing it, so the set's file keeps the bytes it checksummed.
+  const std::string set_sync = "/tmp/swapopt_test_set_sync.safetensors", set_async = "/tmp/swapopt_test_set_async.safetensors",
+                    member_sync = "/tmp/swapopt_test_member_sync.safetensors",
+                    member_async = "/tmp/swapopt_test_member_async.safetensors", fifo = set_async + ".tmp";
+  auto params = test::swap_model(12);
+  MuonWithAdamW both(Stream(Device::cpu()), params);
+  SwapConfig config;
+  config.swap_times = 3;
+  auto set = swap_muon_with_adamw(both, config);
+  for (int step = 1; step <= 2; ++step) {
+    test::set_swap_grads(params, step);
+    set->step();
+  }
+  set->save_checkpoint(set_sync);
+  set->member("muon").save_checkpoint(member_sync);
+  std::remove(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  std::string written;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    written = file_bytes(fifo);
+  });
+  set->save_async(set_async);
+  set->member("muon").save_async(member_async);  // waits for the set's writer first
+  int failures = 0;  // the set's save fails at its commit (a FIFO cannot be fsynced), reported once
+  for (int step = 3; step <= 4; ++step) {
+    test::set_swap_grads(params, step);
+    try {
+      set->step();
+    } catch (const Error&) {
+      ++failures;
+    }
+  }
+  try {
+    set->wait_save();
+  } catch (const Error&) {
+    ++failures;
+  }
+  CHECK(failures == 1);
+  CHECK_NOTHROW(set->member("muon").wait_save());
+  reader.join();
+  CHECK(written == file_bytes(set_sync));
+  CHECK(file_bytes(member_async) == file_bytes(member_sync));
+  for (const std::string& path : {set_sync, member_sync, member_async, fifo}) std::remove(path.c_str());
+}
+
 TEST_CASE("a failed save_async is thrown by the next step, before it changes anything, or by wait_save, once") {
   for (const bool by_step : {true, false}) {
     CAPTURE(by_step);
