@@ -14,7 +14,7 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
     std::vector<std::string> names(n);
     std::vector<float> present(n, 0.f);
     for (size_t i = 0; i < n; ++i) {
-      names[i] = "state." + std::to_string(muon.param_index(a.params[i])) + "." + key;
+      names[i] = muon.state_name(a.params[i], key);
       if (a.owners[i] == a.local_coordinate && state.tensors.count(names[i]) != 0) present[i] = 1.f;
     }
     // Which owners have state (a param never stepped with a gradient has none).

@@ -139,6 +139,14 @@ int64_t Optimizer::param_index(const Param* param) const {
   return it->second;
 }
 
+std::string Optimizer::state_name(const Param* param, const std::string& key) const {
+  std::string name = "state.";
+  name += std::to_string(param_index(param));
+  name += '.';
+  name += key;
+  return name;
+}
+
 Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
   ParamState& ps = state_[&param];
   auto it = ps.tensors.find(key);
@@ -184,7 +192,7 @@ StateDict Optimizer::state_dict() {
     for (const auto& [key, tensor] : ps.tensors) {
       Tensor host = Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
       ops::copy(stream_, tensor, host);
-      out.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, std::move(host));
+      out.tensors.emplace(state_name(param, key), std::move(host));
     }
   stream_.synchronize();
   return out;
@@ -345,7 +353,7 @@ void Optimizer::save_checkpoint(const std::string& path) {
   source.metadata = metadata_json();
   for (const auto& [param, ps] : state_)
     for (const auto& [key, tensor] : ps.tensors)
-      source.tensors.emplace("state." + std::to_string(param_index(param)) + "." + key, device_source(stream_, tensor));
+      source.tensors.emplace(state_name(param, key), device_source(stream_, tensor));
   write_checkpoint(source, path);
 }
 

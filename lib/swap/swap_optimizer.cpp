@@ -114,7 +114,7 @@ StateDict SwapOptimizer::state_dict() {
       } else {
         ops::copy(opt.stream(), tensor, host);
       }
-      out.tensors.emplace("state." + std::to_string(opt.param_index(param)) + "." + key, std::move(host));
+      out.tensors.emplace(opt.state_name(param, key), std::move(host));
     }
   opt.stream().synchronize();
   return out;
@@ -137,7 +137,7 @@ CheckpointSource SwapOptimizer::checkpoint_source(bool copy_device_state,
   // No copy is in flight after synchronize(): the mirrors are read in place.
   for (const auto& [param, ps] : opt.state())
     for (const auto& [key, tensor] : ps.tensors) {
-      const std::string name = "state." + std::to_string(opt.param_index(param)) + "." + key;
+      const std::string name = opt.state_name(param, key);
       const SwapSlot* slot = runtime_.find_slot(param, key);
       if (slot != nullptr) {
         out.tensors.emplace(name, host_source(slot->host));

@@ -147,6 +147,8 @@ class Optimizer {
 
   /** Index of `param` over all groups in order, as checkpoints name it. */
   int64_t param_index(const Param* param) const;
+  /** The checkpoint name of `param`'s state `key`: "state.<param_index>.<key>". */
+  std::string state_name(const Param* param, const std::string& key) const;
 
   /** Metadata JSON of the current groups and steps; validates the options first, so no bad or
    *  non-finite value reaches a checkpoint. */
