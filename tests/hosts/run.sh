@@ -6,22 +6,33 @@
 #
 # Scenarios (each prints its figure):
 #   1. HSDP on a 2x2 mesh across 4 hosts equals the one-host run bit for bit (params and state).
-#   4. A host partitioned mid-run: every surviving rank exits with the named error in time.
+#   2. The same with every frame delayed 20 +- 5 ms (so reordered): still bitwise.
+#   3. The same with 5% of the frames dropped: still bitwise, only slower.
+#   4. A host partitioned mid-step: every surviving rank exits with the named error in time.
 #   5. A rank killed mid-run: the same.
 #   6. Redis unreachable at rendezvous: a named error naming the address, in time.
 #   7. A rank stopped (SIGSTOP) past the timeout: the others fail cleanly.
-# Everything it made (namespaces, links, processes) is removed on exit, even when it is killed,
-# and checked gone at the end. Delay, loss and restart scenarios are not built yet (issue 15).
+#   8. Restart: every host runs its rank under scripts/swapopt-launch, which restarts it after a
+#      failure; a rank killed mid-run makes every rank resume from the last checkpoint, and the
+#      run equals the uninterrupted one bitwise.
+# Delay and loss come from tests/hosts/netswitch.cpp (these kernels have no netem): a second link
+# per host, a TAP device joined by that userspace switch. Everything the harness made
+# (namespaces, links, processes) is removed on exit, even when it is killed, and checked gone at
+# the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 HSDP=$PWD/$BUILD/examples/swapopt-hsdp
+NETSWITCH=$PWD/$BUILD/tests/swapopt-netswitch
 PREFIX=swo$$  # namespace and link names: unique to this run
 SWITCH=$PREFIX-sw
 HOSTS=4
 REDIS_HOST=$HOSTS  # the fifth host
-NET=10.77.$(($$ % 200 + 20))
+NET=10.77.$(($$ % 200 + 20))      # eth0: the kernel bridge
+SLOW_NET=10.78.$(($$ % 200 + 20)) # eth1: the userspace switch, while a scenario runs it
+LINK_NET=$NET                     # the network the ranks and Redis are reached on
 TIMEOUT_MS=4000
+RANK_TIMEOUT_MS=$TIMEOUT_MS  # the ranks' SWAPOPT_TIMEOUT_MS (longer across the slow switch)
 STEPS=400  # long enough that a fault lands mid-run
 # A collective's named error (not the rendezvous'): "[comm] all_gather on rank 0 of group 'shard.0' (world rank 0; ...)"
 COLLECTIVE_ERROR="\[comm\] (all_gather|all_reduce|broadcast|barrier|reduce_scatter) on rank [0-9]+ of group '[^']+' \(world rank [0-9]+"
@@ -34,11 +45,11 @@ if [ "$(id -u)" -ne 0 ] || ! ip netns list > /dev/null 2>&1; then
   echo "tests: 0 passed, 0 failed, 1 skipped"
   exit 0
 fi
-[ -x "$HSDP" ] || { echo "test-hosts: $HSDP not built"; exit 1; }
+[ -x "$HSDP" ] && [ -x "$NETSWITCH" ] || { echo "test-hosts: $HSDP or $NETSWITCH not built"; exit 1; }
 command -v redis-server > /dev/null || scripts/install-deps.sh
 
 host() { echo "$PREFIX-h$1"; }
-addr() { echo "$NET.$(($1 + 10))"; }
+addr() { echo "${2:-$NET}.$(($1 + 10))"; }  # host i's address on eth0 (or on the network given)
 
 cleanup() {
   for ns in $(ip netns list | awk -v p="$PREFIX-" 'index($1, p) == 1 {print $1}'); do
@@ -77,7 +88,8 @@ setup() {
 }
 
 start_redis() {
-  ip netns exec "$(host $REDIS_HOST)" redis-server --bind "$(addr $REDIS_HOST)" --protected-mode no --port 6379 --save '' --appendonly no \
+  # Bound to every address of its namespace: eth0 and, while the switch runs, eth1.
+  ip netns exec "$(host $REDIS_HOST)" redis-server --bind 0.0.0.0 --protected-mode no --port 6379 --save '' --appendonly no \
     --daemonize yes --dir "$work" --logfile "$work/redis.log" --pidfile "$work/redis.pid" > /dev/null
   for _ in $(seq 100); do
     ip netns exec "$(host $REDIS_HOST)" redis-cli -h "$(addr $REDIS_HOST)" ping > /dev/null 2>&1 && return 0
@@ -92,8 +104,8 @@ flush_redis() { ip netns exec "$(host $REDIS_HOST)" redis-cli -h "$(addr $REDIS_
 start_rank() {
   local i=$1 steps=$2
   shift 2
-  ip netns exec "$(host "$i")" env RANK="$i" WORLD_SIZE=$HOSTS LOCAL_RANK=0 SWAPOPT_REDIS="$(addr $REDIS_HOST):6379" \
-    SWAPOPT_HOSTNAME="$(addr "$i")" SWAPOPT_TIMEOUT_MS=$TIMEOUT_MS OMP_NUM_THREADS=1 \
+  ip netns exec "$(host "$i")" env RANK="$i" WORLD_SIZE=$HOSTS LOCAL_RANK=0 SWAPOPT_REDIS="$(addr $REDIS_HOST "$LINK_NET"):6379" \
+    SWAPOPT_HOSTNAME="$(addr "$i" "$LINK_NET")" SWAPOPT_TIMEOUT_MS=$RANK_TIMEOUT_MS OMP_NUM_THREADS=1 \
     "$HSDP" --mesh 2x2 --steps "$steps" "$@" > "$work/rank$i" 2>&1 &
   pids[$i]=$!
 }
@@ -140,20 +152,68 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 fingerprints() { grep -h '^fingerprint rank' "$@" | sort; }
 
+# The userspace switch on eth1 of every host (Redis's too), with its flags (delay, jitter, loss);
+# the ranks then talk over it. Its counts go to $work/switch when it stops.
+start_switch() {
+  local names=()
+  for i in $(seq 0 $HOSTS); do names+=("$(host "$i")"); done
+  ip netns exec "$SWITCH" "$NETSWITCH" --ifname eth1 "$@" "${names[@]}" > "$work/switch" 2>&1 &
+  switch_pid=$!
+  for _ in $(seq 100); do grep -q '^ready' "$work/switch" && break; sleep 0.05; done
+  grep -q '^ready' "$work/switch" || { cat "$work/switch"; return 1; }
+  for i in $(seq 0 $HOSTS); do
+    ip -n "$(host "$i")" addr add "$(addr "$i" "$SLOW_NET")/24" dev eth1
+    ip -n "$(host "$i")" link set eth1 up
+  done
+  for i in $(seq 0 $HOSTS); do  # static neighbours, as on eth0
+    local mac
+    mac=$(ip -n "$(host "$i")" -o link show eth1 | grep -o 'link/ether [0-9a-f:]*' | cut -d' ' -f2)
+    for j in $(seq 0 $HOSTS); do
+      [ "$i" -eq "$j" ] || ip -n "$(host "$j")" neigh replace "$(addr "$i" "$SLOW_NET")" lladdr "$mac" dev eth1 nud permanent
+    done
+  done
+  LINK_NET=$SLOW_NET
+}
+
+stop_switch() {  # its TAP devices go with it
+  kill -TERM "$switch_pid" 2> /dev/null
+  wait "$switch_pid" 2> /dev/null
+  LINK_NET=$NET
+}
+
+# Reference fingerprints: the same run on one host (the program's own local launcher), per steps.
+local_fingerprints() {
+  [ -s "$work/local$1" ] || OMP_NUM_THREADS=1 "$HSDP" --mesh 2x2 --steps "$1" --fingerprint > "$work/local$1" 2>&1
+  fingerprints "$work/local$1"
+}
+
+# Trains `steps` steps across the 4 hosts (over the switch with its flags, if any are given) and
+# compares every rank's fingerprint with the one-host run.
 scenario_bitwise() {
+  local name=$1 steps=$2
+  shift 2
   flush_redis
+  local over=""
+  if [ $# -gt 0 ]; then
+    start_switch "$@" || { result "$name" 1 "the switch did not start"; return; }
+    RANK_TIMEOUT_MS=30000
+  fi
   local t0=$SECONDS
-  for i in $(seq 0 $((HOSTS - 1))); do start_rank "$i" 20 --fingerprint; done
+  for i in $(seq 0 $((HOSTS - 1))); do start_rank "$i" "$steps" --fingerprint; done
   wait_all
+  if [ $# -gt 0 ]; then
+    stop_switch
+    RANK_TIMEOUT_MS=$TIMEOUT_MS
+    over="; $(grep '^netswitch:' "$work/switch")"
+  fi
   local hosts_fp local_fp
   hosts_fp=$(fingerprints "$work"/rank*)
-  OMP_NUM_THREADS=1 "$HSDP" --mesh 2x2 --steps 20 --fingerprint > "$work/local" 2>&1
-  local_fp=$(fingerprints "$work/local")
+  local_fp=$(local_fingerprints "$steps")
   local ok=1
   [ "$codes" = "0 0 0 0 " ] && [ -n "$hosts_fp" ] && [ "$hosts_fp" = "$local_fp" ] && [ "$(echo "$hosts_fp" | wc -l)" -eq 4 ] && ok=0
-  result "1. 2x2 HSDP across 4 hosts equals one host bitwise" $ok \
-    "exit codes $codes, $((SECONDS - t0)) s; $(echo "$hosts_fp" | head -n 1) (and 3 more ranks, $( [ $ok -eq 0 ] && echo equal || echo DIFFERENT))"
-  [ $ok -eq 0 ] || { echo "hosts:"; echo "$hosts_fp"; echo "one host:"; echo "$local_fp"; }
+  result "$name" $ok \
+    "exit codes $codes, $steps steps in $((SECONDS - t0)) s$over; $(echo "$hosts_fp" | head -n 1) (and 3 more ranks, $( [ $ok -eq 0 ] && echo equal || echo DIFFERENT))"
+  [ $ok -eq 0 ] || { echo "hosts:"; echo "$hosts_fp"; echo "one host:"; echo "$local_fp"; for i in 0 1 2 3; do echo "-- rank $i:"; tail -n 3 "$work/rank$i"; done; }
 }
 
 # Runs a fault against rank 3 after the run is under way; the other ranks must exit non-zero with
@@ -206,7 +266,9 @@ pids=()
 setup || { echo "test-hosts: could not make the namespaces"; exit 1; }
 start_redis || exit 1
 echo "test-hosts: $HOSTS hosts $NET.10-$NET.$((HOSTS + 9)), Redis at $(addr $REDIS_HOST):6379, timeout $TIMEOUT_MS ms"
-attempt scenario_bitwise
+attempt scenario_bitwise "1. 2x2 HSDP across 4 hosts equals one host bitwise" 20
+attempt scenario_bitwise "2. every frame delayed 20 +- 5 ms (reordered): still bitwise" 8 --delay-ms 20 --jitter-ms 5 --seed 2
+attempt scenario_bitwise "3. 5% of the frames dropped: still bitwise" 8 --delay-ms 1 --loss 0.05 --seed 3
 # (stderr off: bash's own "Killed" notices of rank 3)
 attempt scenario_fault "4. host 3 partitioned mid-run" 'ip -n "$SWITCH" link set p3 down' 2> /dev/null
 attempt scenario_fault "5. rank 3 killed mid-run" 'kill -9 "${pids[3]}"' 2> /dev/null
@@ -216,7 +278,7 @@ attempt scenario_redis_unreachable
 cleanup
 trap - EXIT
 left=$(ip netns list | grep -c "^$PREFIX-" || true)
-procs=$(pgrep -f "$HSDP" | wc -l)
+procs=$(pgrep -f "$HSDP|$NETSWITCH" | wc -l)
 result "cleanup: no namespace, link or process left" $([ "$left" -eq 0 ] && [ "$procs" -eq 0 ] && echo 0 || echo 1) \
   "$left namespaces, $procs processes"
 echo "tests: $passed passed, $failed failed, 0 skipped"
