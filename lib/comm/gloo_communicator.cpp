@@ -8,7 +8,6 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <hiredis/hiredis.h>
@@ -50,12 +49,39 @@ void run_collective(std::unique_ptr<Options> opts, Collective collective) {
   }
 }
 
+/** One group's view of the job's store: its keys under "<run id>/<group name>/", and every wait
+ *  bounded by the rendezvous timeout (Gloo's rendezvous waits with the store's fixed 30 s default,
+ *  whatever the context's timeout). */
+class GroupStore final : public gloo::rendezvous::Store {
+ public:
+  GroupStore(gloo::rendezvous::Store& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    return store_.get(prefix_ + key);
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    std::vector<std::string> prefixed;
+    for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
+    store_.wait(prefixed, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override { wait(keys); }
+
+ private:
+  gloo::rendezvous::Store& store_;
+  const std::string prefix_;
+  const std::chrono::milliseconds timeout_;
+};
+
 /** The shared pieces every group of one job uses: the store and the TCP device, and where they
  *  are, for errors that say where. */
 struct GlooWorld {
   std::shared_ptr<gloo::rendezvous::Store> store;
   std::shared_ptr<gloo::transport::Device> device;
-  std::chrono::milliseconds timeout;
+  std::chrono::milliseconds timeout;             // each collective's
+  std::chrono::milliseconds rendezvous_timeout;  // each group's connection of all its ranks
+  std::string run_id;  // SWAPOPT_RUN_ID: every key of this attempt under it
   int world_rank = 0;
   std::string store_address;  // "Redis at host:port" or "the FileStore in dir"
   std::string hostname;       // this rank's address for the TCP transport
@@ -99,10 +125,12 @@ class GlooCommunicator final : public Communicator {
     where_ = " on rank " + std::to_string(rank_) + " of group '" + name + "' (world rank " + std::to_string(world_->world_rank) +
              "; the group is world ranks " + rank_list(world_ranks_) + ")";
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, size_);
-    context_->setTimeout(world_->timeout);
-    gloo::rendezvous::PrefixStore prefixed(name, *world_->store);
+    context_->setTimeout(world_->rendezvous_timeout);
+    GroupStore store(*world_->store, (world_->run_id.empty() ? "" : world_->run_id + "/") + name + "/",
+                     world_->rendezvous_timeout);
     try {
-      context_->connectFullMesh(prefixed, world_->device);
+      context_->connectFullMesh(store, world_->device);
+      context_->setTimeout(world_->timeout);  // collectives pass their own; this is the default
     } catch (const std::exception& e) {
       SWAPOPT_FAIL("[comm] rendezvous" << where_ << " through " << world_->store_address << ", this rank at "
                                        << world_->hostname << ": " << e.what());
@@ -243,6 +271,8 @@ class GlooCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
   auto world = std::make_shared<GlooWorld>();
   world->timeout = env.timeout;
+  world->rendezvous_timeout = env.rendezvous_timeout.count() > 0 ? env.rendezvous_timeout : env.timeout;
+  world->run_id = env.run_id;
   world->world_rank = env.rank;
   world->hostname = env.hostname;
   world->store_address = env.redis.empty() ? "the FileStore in '" + env.rendezvous_dir + "'" : "Redis at " + env.redis;
@@ -258,7 +288,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
       // the timeout, then report the last failure (the catch below names the address). The probe
       // also spares Gloo's RedisStore a failed connect, whose constructor then leaks its context.
       const std::string host = env.redis.substr(0, colon);
-      const auto deadline = std::chrono::steady_clock::now() + env.timeout;
+      const auto deadline = std::chrono::steady_clock::now() + world->rendezvous_timeout;
       for (int attempt = 1;; ++attempt) {
         redisContext* probe = redisConnectWithTimeout(host.c_str(), port, timeval{1, 0});
         const std::string failure = probe == nullptr ? "cannot allocate a Redis context" : probe->err ? probe->errstr : "";
@@ -266,7 +296,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
         if (failure.empty()) break;
         if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline)
           throw std::runtime_error("Connecting to Redis: " + failure + " (" + std::to_string(attempt) + " attempts in " +
-                                   std::to_string(env.timeout.count()) + " ms)");
+                                   std::to_string(world->rendezvous_timeout.count()) + " ms)");
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
       world->store = std::make_shared<gloo::rendezvous::RedisStore>(host, port);

@@ -29,6 +29,8 @@ LaunchEnv LaunchEnv::from_environment() {
   env.world_size = int_var("WORLD_SIZE", true, 1);
   env.local_rank = int_var("LOCAL_RANK", false, env.rank);
   env.timeout = std::chrono::milliseconds(int_var("SWAPOPT_TIMEOUT_MS", false, 30000));
+  env.rendezvous_timeout = std::chrono::milliseconds(int_var("SWAPOPT_RENDEZVOUS_TIMEOUT_MS", false, 0));
+  if (const char* id = std::getenv("SWAPOPT_RUN_ID")) env.run_id = id;
   if (const char* redis = std::getenv("SWAPOPT_REDIS")) env.redis = redis;
   if (const char* dir = std::getenv("SWAPOPT_RENDEZVOUS")) env.rendezvous_dir = dir;
   if (const char* host = std::getenv("SWAPOPT_HOSTNAME"); host != nullptr && *host != '\0') env.hostname = host;

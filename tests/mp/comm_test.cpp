@@ -153,6 +153,10 @@ TEST_SUITE("mp") {
     ::setenv("SWAPOPT_RENDEZVOUS", "/tmp/rdzv", 1);
     ::setenv("SWAPOPT_HOSTNAME", "10.0.0.5", 1);
     ::setenv("SWAPOPT_TIMEOUT_MS", "1234", 1);
+    CHECK(LaunchEnv::from_environment().rendezvous_timeout == std::chrono::milliseconds(0));  // the collectives' then
+    CHECK(LaunchEnv::from_environment().run_id.empty());
+    ::setenv("SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "60000", 1);
+    ::setenv("SWAPOPT_RUN_ID", "job7.2", 1);
     const LaunchEnv env = LaunchEnv::from_environment();
     CHECK(env.rank == 1);
     CHECK(env.world_size == 2);
@@ -160,6 +164,38 @@ TEST_SUITE("mp") {
     CHECK(env.rendezvous_dir == "/tmp/rdzv");
     CHECK(env.hostname == "10.0.0.5");
     CHECK(env.timeout == std::chrono::milliseconds(1234));
-    for (const char* name : {"RANK", "WORLD_SIZE", "SWAPOPT_RENDEZVOUS", "SWAPOPT_HOSTNAME", "SWAPOPT_TIMEOUT_MS"}) ::unsetenv(name);
+    CHECK(env.rendezvous_timeout == std::chrono::milliseconds(60000));
+    CHECK(env.run_id == "job7.2");
+    for (const char* name : {"RANK", "WORLD_SIZE", "SWAPOPT_RENDEZVOUS", "SWAPOPT_HOSTNAME", "SWAPOPT_TIMEOUT_MS",
+                             "SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "SWAPOPT_RUN_ID"})
+      ::unsetenv(name);
+  }
+
+  // A restarted job: its ranks come back at different times, later than a collective may take.
+  TEST_CASE("a rank later than the collective timeout: the rendezvous timeout waits for it") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_"), other = test::make_temp_dir("swapopt_rdzv_");
+    const auto waited = test::launch_ranks(3, {worker(), "late_rank"},
+                                           {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "1000"},
+                                            {"SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "20000"}},
+                                           std::chrono::seconds(60));
+    expect_all_ok(waited);
+    // Without it the collective timeout bounds the rendezvous: the early ranks give up.
+    const auto alone = test::launch_ranks(3, {worker(), "late_rank"}, {{"SWAPOPT_RENDEZVOUS", other}, {"SWAPOPT_TIMEOUT_MS", "1000"}},
+                                          std::chrono::seconds(60));
+    CAPTURE(alone.ranks[0].output);
+    CHECK(alone.ranks[0].exit_code == 1);
+    CHECK(alone.ranks[0].output.find("rank error: [comm] rendezvous on rank 0 of group 'world' (world rank 0; ") != std::string::npos);
+    std::system(("rm -rf " + dir + " " + other).c_str());
+  }
+
+  // Each attempt of a restarted job under its own run id: the keys an earlier attempt left in the
+  // store (the addresses of ranks now gone) are never read.
+  TEST_CASE("run ids: a second attempt in a store the first one left keys in") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    for (const char* id : {"job.1", "job.2", "job.3"})
+      expect_all_ok(test::launch_ranks(3, {worker(), "collectives"}, {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_RUN_ID", id},
+                                                                       {"SWAPOPT_TIMEOUT_MS", "5000"}},
+                                       std::chrono::seconds(60)));
+    std::system(("rm -rf " + dir).c_str());
   }
 }

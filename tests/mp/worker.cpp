@@ -321,8 +321,10 @@ int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
     const LaunchEnv env = LaunchEnv::from_environment();
+    // The last rank arrives 4 s after the others (comm_test: the rendezvous timeout waits for it).
+    if (scenario == "late_rank" && env.rank == env.world_size - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
     auto comm = make_gloo_communicator(env);
-    if (scenario == "collectives") {
+    if (scenario == "collectives" || scenario == "late_rank") {
       collectives(*comm);
     } else if (scenario == "hsdp") {
       if (argc != 5) throw Error("usage: swapopt-mp-worker hsdp REPLICAS SHARDS REPLICA_COUNT");
