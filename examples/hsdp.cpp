@@ -5,7 +5,12 @@
 // shard, and lives in host memory between steps.
 //
 //   swapopt-hsdp [--mesh 2x2] [--hidden 256] [--layers 5] [--steps 60] [--batch 128] [--swap-times 3]
-//                [--no-swap]
+//                [--no-swap] [--checkpoint-dir DIR [--checkpoint-every 10]]
+//
+// With --checkpoint-dir every rank writes its shard of the weights and its optimizer state there
+// every --checkpoint-every steps (each file atomically; the last two steps kept) and, when it
+// starts, resumes from the newest step every rank has: a job restarted after a failure continues
+// bit for bit as if it had not stopped (tests/hosts, scenario 8).
 //
 // Without RANK in the environment it launches the mesh's ranks itself (fork + exec of this program
 // with RANK, WORLD_SIZE, LOCAL_RANK and a FileStore rendezvous directory) and waits for them; with
@@ -18,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -34,11 +40,16 @@ struct Config {
   int swap_times = 3;
   bool swap = true;
   bool fingerprint = false;  // every rank prints hashes of its params and optimizer state at the end
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 10;
 };
 
+constexpr const char* kFlags =
+    "flags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --fingerprint\n"
+    "       --checkpoint-dir DIR --checkpoint-every N --help\n";
+
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "swapopt-hsdp: %s\nflags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --fingerprint --help\n",
-               why.c_str());
+  std::fprintf(stderr, "swapopt-hsdp: %s\n%s", why.c_str(), kFlags);
   std::exit(2);
 }
 
@@ -47,8 +58,7 @@ Config parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
-      std::printf("swapopt-hsdp: data-parallel training with swapped HSDP Muon on an RxS mesh of local processes\n"
-                  "flags: --mesh RxS --hidden N --layers N --steps N --batch N --swap-times N --no-swap --fingerprint --help\n");
+      std::printf("swapopt-hsdp: data-parallel training with swapped HSDP Muon on an RxS mesh of local processes\n%s", kFlags);
       std::exit(0);
     }
     if (flag == "--no-swap") {
@@ -61,6 +71,10 @@ Config parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) usage("missing value for " + flag);
     const std::string value = argv[++i];
+    if (flag == "--checkpoint-dir") {
+      c.checkpoint_dir = value;
+      continue;
+    }
     if (flag == "--mesh") {
       if (std::sscanf(value.c_str(), "%ldx%ld", &c.replicas, &c.shards) != 2) usage("--mesh takes RxS, e.g. 2x2");
       continue;
@@ -71,9 +85,10 @@ Config parse(int argc, char** argv) {
     else if (flag == "--steps") c.steps = int(v);
     else if (flag == "--batch") c.batch = v;
     else if (flag == "--swap-times") c.swap_times = int(v);
+    else if (flag == "--checkpoint-every") c.checkpoint_every = int(v);
     else usage("unknown flag " + flag);
   }
-  if (c.replicas < 1 || c.shards < 1 || c.hidden < 1 || c.layers < 1 || c.steps < 1 || c.batch < 1 || c.swap_times < 1)
+  if (c.replicas < 1 || c.shards < 1 || c.hidden < 1 || c.layers < 1 || c.steps < 1 || c.batch < 1 || c.swap_times < 1 || c.checkpoint_every < 1)
     usage("sizes must be positive");
   if (c.hidden % c.shards != 0 || c.output % c.shards != 0) usage("--hidden must be a multiple of the shard count");
   return c;
@@ -135,6 +150,35 @@ ParamPtr sharded_weight(const std::string& name, const Tensor& full, const std::
   return p;
 }
 
+/** This rank's checkpoint files of step `step`: its weights' shards and its optimizer state. */
+std::string checkpoint_path(const Config& c, int rank, int step, const char* what) {
+  return c.checkpoint_dir + "/rank" + std::to_string(rank) + "-step" + std::to_string(step) + "." + what;
+}
+
+/** The newest step of which this rank has both files (the weights are written last), or 0. */
+int newest_checkpoint(const Config& c, int rank) {
+  int newest = 0;
+  const std::string prefix = "rank" + std::to_string(rank) + "-step";
+  for (const auto& entry : std::filesystem::directory_iterator(c.checkpoint_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || !name.ends_with(".weights")) continue;
+    const int step = std::atoi(name.c_str() + prefix.size());
+    if (step > newest && std::filesystem::exists(checkpoint_path(c, rank, step, "optimizer"))) newest = step;
+  }
+  return newest;
+}
+
+/** The step every rank resumes from: the newest one all ranks have. A rank saves step s only after
+ *  every rank finished step s - every (its collectives needed them all), so keeping two steps is
+ *  enough for every rank to hold the minimum. */
+int agree_on_resume_step(const Config& c, Communicator& world) {
+  std::vector<float> newest(size_t(world.size()), 0.f);
+  newest[size_t(world.rank())] = float(newest_checkpoint(c, world.rank()));
+  Tensor all = Tensor::from_floats(newest, {int64_t(newest.size())});
+  world.all_reduce(all)->wait();  // every entry but one is zero: the sum gathers them
+  return int(*std::min_element(all.data<float>(), all.data<float>() + all.numel()));
+}
+
 int run_rank(const Config& c) {
   const LaunchEnv env = LaunchEnv::from_environment();
   if (env.world_size != c.replicas * c.shards) usage("WORLD_SIZE does not match --mesh");
@@ -179,17 +223,51 @@ int run_rank(const Config& c) {
   std::unique_ptr<SwapOptimizer> swapped = c.swap ? swap_muon(muon, swap) : nullptr;
   auto optimizer_step = [&] { c.swap ? swapped->step() : muon.step(); };
 
+  int first_step = 1;
+  if (!c.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(c.checkpoint_dir);
+    if (const int resume = agree_on_resume_step(c, *world); resume > 0) {
+      const StateDict saved = load_state_dict(checkpoint_path(c, env.rank, resume, "weights"));
+      for (const ParamPtr& w : weights) {
+        const auto found = saved.tensors.find(w->name);
+        SWAPOPT_CHECK(found != saved.tensors.end() && found->second.nbytes() == w->data.nbytes(),
+                      "swapopt-hsdp: " << checkpoint_path(c, env.rank, resume, "weights") << " has no " << w->name << " of its shape");
+        std::memcpy(w->data.data_ptr(), found->second.data_ptr(), w->data.nbytes());
+      }
+      const std::string state = checkpoint_path(c, env.rank, resume, "optimizer");
+      c.swap ? swapped->load_checkpoint(state) : muon.load_checkpoint(state);
+      first_step = resume + 1;
+      if (lead) std::printf("swapopt-hsdp: resumed from step %d (%s)\n", resume, c.checkpoint_dir.c_str());
+    }
+  }
+  // After step `step`: the optimizer state, then the weights (their file marks the step complete).
+  auto save_checkpoint = [&](int step) {
+    c.swap ? swapped->save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"))
+           : muon.save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"));
+    StateDict shards;
+    shards.metadata = "{\"step\": " + std::to_string(step) + "}";
+    for (const ParamPtr& w : weights) shards.tensors.emplace(w->name, w->data);
+    save_state_dict(shards, checkpoint_path(c, env.rank, step, "weights"));
+    for (const char* what : {"weights", "optimizer"})  // the step before the previous one
+      std::filesystem::remove(checkpoint_path(c, env.rank, step - 2 * c.checkpoint_every, what));
+  };
+
   if (lead)
     std::printf("swapopt-hsdp: mesh %lldx%lld (replicate x shard), %lld layers of %lld, batch %lld per rank, %d steps\n",
                 (long long)c.replicas, (long long)c.shards, (long long)c.layers, (long long)c.hidden, (long long)c.batch,
                 c.steps);
-  std::mt19937 data(1000 + uint32_t(env.rank));  // every rank its own batches
-  std::normal_distribution<float> normal(0.f, 1.f);
+  const int run_steps = c.steps - first_step + 1;  // this run's, after a resume
+  if (run_steps <= 0) {
+    if (lead) std::printf("swapopt-hsdp: the checkpoint is at step %d already, no step left of %d\n", first_step - 1, c.steps);
+    return 0;
+  }
   float first_loss = 0.f, loss = 0.f;
   double total_ms = 0.0;
   std::vector<double> optimizer_ms;  // the optimizer step alone, per step
-  for (int step = 1; step <= c.steps; ++step) {
+  for (int step = first_step; step <= c.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    // Every rank its own batches, a function of (rank, step) so that a resumed run sees the same.
+    std::mt19937 data(1000 + 100003 * uint32_t(env.rank) + uint32_t(step));
     const Tensor x = random_matrix(data, {c.batch, c.input}, 1.f);
     Tensor target = Tensor::empty({c.batch, c.output}, DType::f32, Device::cpu());
     ops::gemm(stream, x, false, teacher, true, target);
@@ -245,7 +323,8 @@ int run_rank(const Config& c) {
     Tensor mean_loss = Tensor::from_floats({float(sum / double(dy.numel()))}, {1});
     world->all_reduce(mean_loss)->wait();
     loss = mean_loss.data<float>()[0] / float(env.world_size);
-    if (step == 1) first_loss = loss;
+    if (step == first_step) first_loss = loss;
+    if (!c.checkpoint_dir.empty() && step % c.checkpoint_every == 0) save_checkpoint(step);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     total_ms += ms;
     if (lead && (step == 1 || step % 10 == 0 || step == c.steps)) {
@@ -273,7 +352,7 @@ int run_rank(const Config& c) {
   if (lead) {
     std::printf("\nsummary\n");
     std::printf("  loss: %.5f -> %.5f\n", first_loss, loss);
-    std::printf("  steps/s: %.2f (%.1f ms/step)\n", 1000.0 * c.steps / total_ms, total_ms / c.steps);
+    std::printf("  steps/s: %.2f (%.1f ms/step)\n", 1000.0 * run_steps / total_ms, total_ms / run_steps);
     std::printf("  momentum of one unsharded Muon: %zu bytes; held by rank 0: %zu, by all %lld ranks: %.0f\n", unsharded, held,
                 (long long)env.world_size, double(held_total.data<float>()[0]));
     std::sort(optimizer_ms.begin(), optimizer_ms.end());

@@ -23,6 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 HSDP=$PWD/$BUILD/examples/swapopt-hsdp
+LAUNCH=$PWD/scripts/swapopt-launch
 NETSWITCH=$PWD/$BUILD/tests/swapopt-netswitch
 PREFIX=swo$$  # namespace and link names: unique to this run
 SWITCH=$PREFIX-sw
@@ -262,6 +263,47 @@ scenario_redis_unreachable() {
     "exit $code after $((SECONDS - t0)) s: $(grep -o '\[comm\].*' "$work/unreachable" | head -n 1)"
 }
 
+# Every host runs its rank under scripts/swapopt-launch (one restart allowed), checkpointing every
+# 10 of 60 steps; rank 3 is killed after step 30. Every launcher restarts its rank, all resume from
+# the newest checkpoint they all have, and the end equals the uninterrupted one-host run bitwise.
+scenario_restart() {
+  flush_redis
+  local ckpt=$work/checkpoints steps=60
+  rm -rf "$ckpt"
+  local t0=$SECONDS
+  for i in $(seq 0 $((HOSTS - 1))); do
+    ip netns exec "$(host "$i")" env OMP_NUM_THREADS=1 "$LAUNCH" --nnodes $HOSTS --node-rank "$i" \
+      --redis "$(addr $REDIS_HOST):6379" --address "$(addr "$i")" --max-restarts 1 --run-id "hosts$$" \
+      --timeout-ms $TIMEOUT_MS --rendezvous-timeout-ms 60000 -- \
+      "$HSDP" --mesh 2x2 --steps $steps --checkpoint-dir "$ckpt" --checkpoint-every 10 --fingerprint > "$work/rank$i" 2>&1 &
+    pids[$i]=$!
+  done
+  for _ in $(seq 600); do grep -q '^step   30' "$work/rank0" 2> /dev/null && break; sleep 0.05; done
+  local victim
+  victim=$(pgrep -P "${pids[3]}" -f "$HSDP")
+  local killed_at=$SECONDS
+  [ -n "$victim" ] && kill -9 "$victim"
+  local codes=""
+  for i in $(seq 0 $((HOSTS - 1))); do
+    local waited=0
+    while kill -0 "${pids[$i]}" 2> /dev/null && [ $waited -lt 1200 ]; do sleep 0.1; waited=$((waited + 1)); done
+    kill -0 "${pids[$i]}" 2> /dev/null && { codes+="hung "; kill -9 "${pids[$i]}"; }
+    wait "${pids[$i]}"
+    codes+="$? "
+  done
+  local hosts_fp local_fp resumed restarts
+  hosts_fp=$(fingerprints "$work"/rank*)
+  local_fp=$(local_fingerprints $steps)
+  resumed=$(grep -h -o 'resumed from step [0-9]*' "$work/rank0" | head -n 1)
+  restarts=$(grep -l 'restart 1 of 1' "$work"/rank* | wc -l)
+  local ok=1
+  [ -n "$victim" ] && [ "$codes" = "0 0 0 0 " ] && [ "$restarts" -eq 4 ] && [ -n "$resumed" ] && [ -n "$hosts_fp" ] &&
+    [ "$hosts_fp" = "$local_fp" ] && [ "$(echo "$hosts_fp" | wc -l)" -eq 4 ] && ok=0
+  result "8. rank 3 killed after step 30: every rank restarts from the last checkpoint, bitwise" $ok \
+    "launchers exit $codes; $restarts of 4 restarted, $resumed, done $((SECONDS - killed_at)) s after the kill ($((SECONDS - t0)) s in all); $(echo "$hosts_fp" | head -n 1) (and 3 more ranks, $( [ $ok -eq 0 ] && echo "equal to the uninterrupted run" || echo DIFFERENT))"
+  [ $ok -eq 0 ] || { echo "hosts:"; echo "$hosts_fp"; echo "one host:"; echo "$local_fp"; for i in 0 1 2 3; do echo "-- host $i:"; tail -n 5 "$work/rank$i"; done; }
+}
+
 pids=()
 setup || { echo "test-hosts: could not make the namespaces"; exit 1; }
 start_redis || exit 1
@@ -274,11 +316,12 @@ attempt scenario_fault "4. host 3 partitioned mid-run" 'ip -n "$SWITCH" link set
 attempt scenario_fault "5. rank 3 killed mid-run" 'kill -9 "${pids[3]}"' 2> /dev/null
 attempt scenario_fault "7. rank 3 stopped past the timeout" 'kill -STOP "${pids[3]}"' 2> /dev/null
 attempt scenario_redis_unreachable
+attempt scenario_restart 2> /dev/null
 
 cleanup
 trap - EXIT
 left=$(ip netns list | grep -c "^$PREFIX-" || true)
-procs=$(pgrep -f "$HSDP|$NETSWITCH" | wc -l)
+procs=$(pgrep -f "$HSDP|$NETSWITCH|$LAUNCH" | wc -l)
 result "cleanup: no namespace, link or process left" $([ "$left" -eq 0 ] && [ "$procs" -eq 0 ] && echo 0 || echo 1) \
   "$left namespaces, $procs processes"
 echo "tests: $passed passed, $failed failed, 0 skipped"
