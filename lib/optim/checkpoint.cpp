@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <functional>
 #include <optional>
@@ -259,6 +260,13 @@ class AtomicFile {
     if (err == 0 && std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
     SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
     committed_ = true;
+    // The rename lives in the directory: until it is synced too, a power loss may bring back the
+    // previous file (or none) although this one was reported written.
+    const std::string dir = std::filesystem::path(path_).parent_path().string();
+    const int dir_fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    err = dir_fd < 0 || ::fsync(dir_fd) != 0 ? errno : 0;
+    if (dir_fd >= 0) ::close(dir_fd);
+    SWAPOPT_CHECK(err == 0, "[checkpoint] '" << path_ << "' is written but its directory could not be synced: " << std::strerror(err));
   }
 
  private:
