@@ -242,6 +242,9 @@ int run_rank(const Config& c) {
   }
   // After step `step`: the optimizer state, then the weights (their file marks the step complete).
   auto save_checkpoint = [&](int step) {
+    // A weights file of this step left by an earlier attempt must not pair with a new optimizer
+    // file should this rank die between the two writes.
+    std::filesystem::remove(checkpoint_path(c, env.rank, step, "weights"));
     c.swap ? swapped->save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"))
            : muon.save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"));
     StateDict shards;
@@ -364,7 +367,8 @@ int run_rank(const Config& c) {
                   swapped->last_report().peak_resident_bytes);
     }
   }
-  return loss < first_loss ? 0 : 1;
+  // From step 1 the loss must have gone down; a resumed run (perhaps a step or two) only finishes.
+  return std::isfinite(loss) && (first_step > 1 || loss < first_loss) ? 0 : 1;
 }
 
 }  // namespace

@@ -130,7 +130,9 @@ class GlooCommunicator final : public Communicator {
                      world_->rendezvous_timeout);
     try {
       context_->connectFullMesh(store, world_->device);
-      context_->setTimeout(world_->timeout);  // collectives pass their own; this is the default
+      // The context's default from now on (its TCP pairs keep the rendezvous timeout for their
+      // own connects); every collective below passes the collective timeout itself.
+      context_->setTimeout(world_->timeout);
     } catch (const std::exception& e) {
       SWAPOPT_FAIL("[comm] rendezvous" << where_ << " through " << world_->store_address << ", this rank at "
                                        << world_->hostname << ": " << e.what());
@@ -271,7 +273,11 @@ class GlooCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
   auto world = std::make_shared<GlooWorld>();
   world->timeout = env.timeout;
-  world->rendezvous_timeout = env.rendezvous_timeout.count() > 0 ? env.rendezvous_timeout : env.timeout;
+  // Unset: never shorter than Gloo's own 30 s, so that a short collective limit does not make the
+  // start fail when one host comes up a few seconds late.
+  world->rendezvous_timeout = env.rendezvous_timeout.count() > 0
+                                  ? env.rendezvous_timeout
+                                  : std::max<std::chrono::milliseconds>(env.timeout, std::chrono::seconds(30));
   world->run_id = env.run_id;
   world->world_rank = env.rank;
   world->hostname = env.hostname;

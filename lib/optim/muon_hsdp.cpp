@@ -46,9 +46,8 @@ int64_t Muon::assignment_workspace_bytes(const HsdpAssignment& a) const {
 }
 
 bool Muon::keeps_state(const Param& param) const {
-  for (const HsdpAssignment& a : schedule_)
-    if (std::find(a.params.begin(), a.params.end(), &param) != a.params.end()) return a.owns(&param);
-  return true;
+  const auto found = keeps_state_.find(&param);  // a lookup: a checkpoint load asks for every tensor
+  return found == keeps_state_.end() || found->second;
 }
 
 void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options) {
@@ -121,6 +120,8 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   }
   mesh_groups_ = std::move(mesh_groups);
   schedule_ = std::move(schedule);
+  for (const HsdpAssignment& a : schedule_)
+    for (size_t i = 0; i < a.params.size(); ++i) keeps_state_[a.params[i]] = a.owners[i] == a.local_coordinate;
   hsdp_options_ = options;
 }
 

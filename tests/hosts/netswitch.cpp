@@ -22,6 +22,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
     char* end = nullptr;
     const double number = std::strtod(value, &end);
     if (flag == "--ifname") ifname = value;
-    else if (end == value || *end != '\0' || number < 0) usage(flag + " takes a non-negative number, got '" + value + "'");
+    else if (end == value || *end != '\0' || !std::isfinite(number) || number < 0 || number > 4294967295.0)
+      usage(flag + " takes a non-negative number, got '" + value + "'");
     else if (flag == "--delay-ms") delay_ms = number;
     else if (flag == "--jitter-ms") jitter_ms = number;
     else if (flag == "--loss") loss = number;
@@ -113,10 +115,19 @@ int main(int argc, char** argv) {
   if (loss >= 1) usage("--loss is a probability below 1");
   if (jitter_ms > delay_ms) usage("--jitter-ms may not exceed --delay-ms");
 
+  // SIGTERM and SIGINT are blocked except inside ppoll(), which they interrupt: one that arrives
+  // between the check of stop_requested and the wait is delivered when the wait starts.
   struct sigaction on_stop{};
-  on_stop.sa_handler = [](int) { stop_requested = 1; };  // no SA_RESTART: poll() returns EINTR
+  on_stop.sa_handler = [](int) { stop_requested = 1; };
   ::sigaction(SIGTERM, &on_stop, nullptr);
   ::sigaction(SIGINT, &on_stop, nullptr);
+  sigset_t stop_signals, while_waiting;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  ::sigprocmask(SIG_BLOCK, &stop_signals, &while_waiting);
+  sigdelset(&while_waiting, SIGTERM);
+  sigdelset(&while_waiting, SIGINT);
 
   const int home_ns = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   if (home_ns < 0) fail("cannot open /proc/self/ns/net");
@@ -134,12 +145,17 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> buffer(65536);
 
   while (stop_requested == 0) {
-    int wait_ms = -1;
+    timespec wait{};
+    const timespec* timeout = nullptr;  // none held: until a frame or a signal comes
     if (!held.empty()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(held.top().due - Clock::now()).count();
-      wait_ms = int(std::max<long long>(0, left));
+      const auto left = std::max<int64_t>(0, std::chrono::ceil<std::chrono::microseconds>(held.top().due - Clock::now()).count());
+      wait = {time_t(left / 1000000), long(left % 1000000) * 1000};
+      timeout = &wait;
     }
-    if (::poll(ports.data(), ports.size(), wait_ms) < 0 && errno != EINTR) fail("poll");
+    if (::ppoll(ports.data(), ports.size(), timeout, &while_waiting) < 0) {
+      if (errno != EINTR) fail("poll");
+      continue;  // a stop signal: the loop condition sees it
+    }
     for (size_t from = 0; from < ports.size(); ++from) {
       if ((ports[from].revents & POLLIN) == 0) continue;
       for (;;) {

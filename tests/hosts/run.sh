@@ -15,6 +15,8 @@
 #   8. Restart: every host runs its rank under scripts/swapopt-launch, which restarts it after a
 #      failure; a rank killed mid-run makes every rank resume from the last checkpoint, and the
 #      run equals the uninterrupted one bitwise.
+#   9. A rank that fails before the rendezvous, seen by its own host only: the other launchers
+#      follow it into the next round (through Redis) within seconds, not the rendezvous timeout.
 # Delay and loss come from tests/hosts/netswitch.cpp (these kernels have no netem): a second link
 # per host, a TAP device joined by that userspace switch. Everything the harness made
 # (namespaces, links, processes) is removed on exit, even when it is killed, and checked gone at
@@ -256,34 +258,26 @@ scenario_fault() {
 scenario_redis_unreachable() {
   local t0=$SECONDS
   ip netns exec "$(host 0)" env RANK=0 WORLD_SIZE=$HOSTS SWAPOPT_REDIS="$NET.99:6379" SWAPOPT_HOSTNAME="$(addr 0)" \
-    SWAPOPT_TIMEOUT_MS=$TIMEOUT_MS "$HSDP" --mesh 2x2 --steps 1 > "$work/unreachable" 2>&1
+    SWAPOPT_TIMEOUT_MS=$TIMEOUT_MS SWAPOPT_RENDEZVOUS_TIMEOUT_MS=$TIMEOUT_MS "$HSDP" --mesh 2x2 --steps 1 > "$work/unreachable" 2>&1
   local code=$? ok=1
   [ $code -ne 0 ] && grep -q "Redis at $NET.99:6379" "$work/unreachable" && [ $((SECONDS - t0)) -le $((TIMEOUT_MS / 1000 + 10)) ] && ok=0
   result "6. Redis unreachable at rendezvous" $ok \
     "exit $code after $((SECONDS - t0)) s: $(grep -o '\[comm\].*' "$work/unreachable" | head -n 1)"
 }
 
-# Every host runs its rank under scripts/swapopt-launch (one restart allowed), checkpointing every
-# 10 of 60 steps; rank 3 is killed after step 30. Every launcher restarts its rank, all resume from
-# the newest checkpoint they all have, and the end equals the uninterrupted one-host run bitwise.
-scenario_restart() {
-  flush_redis
-  local ckpt=$work/checkpoints steps=60
-  rm -rf "$ckpt"
-  local t0=$SECONDS
-  for i in $(seq 0 $((HOSTS - 1))); do
-    ip netns exec "$(host "$i")" env OMP_NUM_THREADS=1 "$LAUNCH" --nnodes $HOSTS --node-rank "$i" \
-      --redis "$(addr $REDIS_HOST):6379" --address "$(addr "$i")" --max-restarts 1 --run-id "hosts$$" \
-      --timeout-ms $TIMEOUT_MS --rendezvous-timeout-ms 60000 -- \
-      "$HSDP" --mesh 2x2 --steps $steps --checkpoint-dir "$ckpt" --checkpoint-every 10 --fingerprint > "$work/rank$i" 2>&1 &
-    pids[$i]=$!
-  done
-  for _ in $(seq 600); do grep -q '^step   30' "$work/rank0" 2> /dev/null && break; sleep 0.05; done
-  local victim
-  victim=$(pgrep -P "${pids[3]}" -f "$HSDP")
-  local killed_at=$SECONDS
-  [ -n "$victim" ] && kill -9 "$victim"
-  local codes=""
+# Starts host i's launcher (one restart allowed, rendezvous 60 s) running the given program.
+start_launcher() {
+  local i=$1
+  shift
+  ip netns exec "$(host "$i")" env OMP_NUM_THREADS=1 "$LAUNCH" --nnodes $HOSTS --node-rank "$i" \
+    --redis "$(addr $REDIS_HOST):6379" --address "$(addr "$i")" --max-restarts 1 --run-id "hosts$$" \
+    --timeout-ms $TIMEOUT_MS --rendezvous-timeout-ms 60000 -- "$@" > "$work/rank$i" 2>&1 &
+  pids[$i]=$!
+}
+
+# Waits for every launcher (at most 120 s each); their exit codes in $codes.
+wait_launchers() {
+  codes=""
   for i in $(seq 0 $((HOSTS - 1))); do
     local waited=0
     while kill -0 "${pids[$i]}" 2> /dev/null && [ $waited -lt 1200 ]; do sleep 0.1; waited=$((waited + 1)); done
@@ -291,17 +285,61 @@ scenario_restart() {
     wait "${pids[$i]}"
     codes+="$? "
   done
+}
+
+# Every host runs its rank under scripts/swapopt-launch (one restart allowed), checkpointing every
+# 10 of 60 steps; rank 3 is killed after step 30. Every launcher restarts its rank, all resume from
+# the newest checkpoint they all have, and the end equals the uninterrupted one-host run bitwise.
+scenario_restart() {
+  for i in $(seq 0 $((HOSTS - 1))); do  # nothing of an earlier attempt may write checkpoints now
+    for pid in $(ip netns pids "$(host "$i")" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
+  done
+  flush_redis
+  local ckpt=$work/checkpoints steps=60
+  rm -rf "$ckpt"
+  local t0=$SECONDS
+  for i in $(seq 0 $((HOSTS - 1))); do
+    start_launcher "$i" "$HSDP" --mesh 2x2 --steps $steps --checkpoint-dir "$ckpt" --checkpoint-every 10 --fingerprint
+  done
+  for _ in $(seq 600); do grep -q '^step   30' "$work/rank0" 2> /dev/null && break; sleep 0.05; done
+  local victim
+  victim=$(pgrep -P "${pids[3]}" -f "$HSDP")
+  local killed_at=$SECONDS
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait_launchers
   local hosts_fp local_fp resumed restarts
   hosts_fp=$(fingerprints "$work"/rank*)
   local_fp=$(local_fingerprints $steps)
   resumed=$(grep -h -o 'resumed from step [0-9]*' "$work/rank0" | head -n 1)
-  restarts=$(grep -l 'restart 1 of 1' "$work"/rank* | wc -l)
+  restarts=$(grep -l 'in round 0; restart 1 of 1' "$work"/rank* | wc -l)
   local ok=1
   [ -n "$victim" ] && [ "$codes" = "0 0 0 0 " ] && [ "$restarts" -eq 4 ] && [ -n "$resumed" ] && [ -n "$hosts_fp" ] &&
     [ "$hosts_fp" = "$local_fp" ] && [ "$(echo "$hosts_fp" | wc -l)" -eq 4 ] && ok=0
   result "8. rank 3 killed after step 30: every rank restarts from the last checkpoint, bitwise" $ok \
     "launchers exit $codes; $restarts of 4 restarted, $resumed, done $((SECONDS - killed_at)) s after the kill ($((SECONDS - t0)) s in all); $(echo "$hosts_fp" | head -n 1) (and 3 more ranks, $( [ $ok -eq 0 ] && echo "equal to the uninterrupted run" || echo DIFFERENT))"
   [ $ok -eq 0 ] || { echo "hosts:"; echo "$hosts_fp"; echo "one host:"; echo "$local_fp"; for i in 0 1 2 3; do echo "-- host $i:"; tail -n 5 "$work/rank$i"; done; }
+}
+
+# Host 3's program exits 3 in round 0, before its rendezvous; ranks 0-2 wait in theirs (60 s
+# limit). Their launchers must see the round move and restart at once; round 1 trains to the end.
+scenario_early_failure() {
+  for i in $(seq 0 $((HOSTS - 1))); do
+    for pid in $(ip netns pids "$(host "$i")" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
+  done
+  flush_redis
+  local t0=$SECONDS steps=20
+  for i in 0 1 2; do start_launcher "$i" "$HSDP" --mesh 2x2 --steps $steps --fingerprint; done
+  start_launcher 3 bash -c '[ "$SWAPOPT_RUN_ID" != "hosts'$$'.0" ] || exit 3; exec "$0" "$@"' "$HSDP" --mesh 2x2 --steps $steps --fingerprint
+  wait_launchers
+  local seconds=$((SECONDS - t0)) hosts_fp local_fp followed
+  hosts_fp=$(fingerprints "$work"/rank*)
+  local_fp=$(local_fingerprints $steps)
+  followed=$(grep -l 'another host moved to round 1 in round 0' "$work"/rank[012] | wc -l)
+  local ok=1
+  [ "$codes" = "0 0 0 0 " ] && [ "$followed" -eq 3 ] && [ $seconds -lt 45 ] && [ -n "$hosts_fp" ] && [ "$hosts_fp" = "$local_fp" ] && ok=0
+  result "9. a rank failing before the rendezvous: every host follows it to the next round" $ok \
+    "launchers exit $codes; $followed of 3 other hosts followed host 3 into round 1 (rendezvous limit 60 s), all done in $seconds s; $( [ "$hosts_fp" = "$local_fp" ] && echo "equal to the one-host run" || echo DIFFERENT)"
+  [ $ok -eq 0 ] || for i in 0 1 2 3; do echo "-- host $i:"; tail -n 5 "$work/rank$i"; done
 }
 
 pids=()
@@ -317,6 +355,7 @@ attempt scenario_fault "5. rank 3 killed mid-run" 'kill -9 "${pids[3]}"' 2> /dev
 attempt scenario_fault "7. rank 3 stopped past the timeout" 'kill -STOP "${pids[3]}"' 2> /dev/null
 attempt scenario_redis_unreachable
 attempt scenario_restart 2> /dev/null
+attempt scenario_early_failure 2> /dev/null
 
 cleanup
 trap - EXIT

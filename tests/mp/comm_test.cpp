@@ -113,7 +113,7 @@ TEST_SUITE("mp") {
   TEST_CASE("Redis unreachable at rendezvous: a named error with the address tried") {
     LaunchEnv env;
     env.redis = "127.0.0.1:1";  // port 1: nothing listens
-    env.timeout = std::chrono::milliseconds(1000);
+    env.rendezvous_timeout = std::chrono::milliseconds(1000);
     const auto t0 = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH_AS(make_gloo_communicator(env),
                          doctest::Contains("[comm] gloo setup on world rank 0 (Redis at 127.0.0.1:1, this rank at 127.0.0.1): "),
@@ -153,7 +153,7 @@ TEST_SUITE("mp") {
     ::setenv("SWAPOPT_RENDEZVOUS", "/tmp/rdzv", 1);
     ::setenv("SWAPOPT_HOSTNAME", "10.0.0.5", 1);
     ::setenv("SWAPOPT_TIMEOUT_MS", "1234", 1);
-    CHECK(LaunchEnv::from_environment().rendezvous_timeout == std::chrono::milliseconds(0));  // the collectives' then
+    CHECK(LaunchEnv::from_environment().rendezvous_timeout == std::chrono::milliseconds(0));  // the default then
     CHECK(LaunchEnv::from_environment().run_id.empty());
     ::setenv("SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "60000", 1);
     ::setenv("SWAPOPT_RUN_ID", "job7.2", 1);
@@ -179,8 +179,10 @@ TEST_SUITE("mp") {
                                             {"SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "20000"}},
                                            std::chrono::seconds(60));
     expect_all_ok(waited);
-    // Without it the collective timeout bounds the rendezvous: the early ranks give up.
-    const auto alone = test::launch_ranks(3, {worker(), "late_rank"}, {{"SWAPOPT_RENDEZVOUS", other}, {"SWAPOPT_TIMEOUT_MS", "1000"}},
+    // A rendezvous limit shorter than the late rank's delay: the early ranks give up.
+    const auto alone = test::launch_ranks(3, {worker(), "late_rank"},
+                                          {{"SWAPOPT_RENDEZVOUS", other}, {"SWAPOPT_TIMEOUT_MS", "20000"},
+                                           {"SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "1000"}},
                                           std::chrono::seconds(60));
     CAPTURE(alone.ranks[0].output);
     CHECK(alone.ranks[0].exit_code == 1);

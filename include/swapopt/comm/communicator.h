@@ -64,9 +64,10 @@ struct LaunchEnv {
   /** SWAPOPT_TIMEOUT_MS (default 30 s): the limit on each collective of make_gloo_communicator's
    *  communicator and its sub-groups (NCCL takes its own `timeout`). */
   std::chrono::milliseconds timeout{30000};
-  /** SWAPOPT_RENDEZVOUS_TIMEOUT_MS (0, the default: `timeout`): how long a group's rendezvous
-   *  waits for all its ranks (and the first connection to Redis is retried). A restarted job wants
-   *  it longer than a collective's limit: its ranks come back at different times. */
+  /** SWAPOPT_RENDEZVOUS_TIMEOUT_MS (0, the default: the longer of `timeout` and 30 s): how long
+   *  each wait of a group's rendezvous waits for all its ranks (and the first connection to Redis
+   *  is retried). A restarted job wants it longer than a collective's limit: its ranks come back
+   *  at different times. */
   std::chrono::milliseconds rendezvous_timeout{0};
   /** SWAPOPT_RUN_ID (default empty): a prefix of every rendezvous key. Each attempt of a restarted
    *  job takes a new one (scripts/swapopt-launch sets "<job>.<attempt>"), so that it never meets

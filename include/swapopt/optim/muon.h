@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "swapopt/optim/hsdp.h"
@@ -215,6 +216,7 @@ class Muon : public Optimizer {
   std::vector<MuonOptions> options_;
   std::unique_ptr<MeshGroups> mesh_groups_;  // with HSDP
   std::vector<HsdpAssignment> schedule_;
+  std::unordered_map<const Param*, bool> keeps_state_;  // with HSDP: whether this rank owns each param
   HsdpOptions hsdp_options_;
 };
 
