@@ -72,10 +72,29 @@ class CudaDeviceAllocator final : public Allocator {
   }
   MemoryStats stats() const override { return counter_.stats(); }
   void reset_peak() override { counter_.reset_peak(); }
+  /** Raises the release threshold of the device's default pool (the one cudaMallocAsync draws
+   *  from): freed memory up to it stays in the pool across synchronisations instead of going back
+   *  to the OS and being mapped again at the next allocation. The driver is called only to raise. */
+  void retain_freed(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(retain_mutex_);
+    if (bytes <= retained_) return;
+    DeviceGuard guard(index_);
+    cudaMemPool_t pool = nullptr;
+    SWAPOPT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+    cuuint64_t threshold = 0;
+    SWAPOPT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    if (threshold < bytes) {  // the trainer may have set a higher one: never lower it
+      threshold = bytes;
+      SWAPOPT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    }
+    retained_ = bytes;
+  }
 
  private:
   int index_;
   ByteCounter counter_;
+  std::mutex retain_mutex_;
+  size_t retained_ = 0;  // the largest retain_freed() so far
 };
 
 class PinnedAllocator final : public Allocator {

@@ -331,6 +331,15 @@ void PipelineSwapRuntime::retire(ReportInFlight& set, bool force) {
 }
 
 void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
+  if (config_.retain_arenas) {
+    // Each arena's bytes, plus what an allocator rounds a block up to (a CUDA pool maps 2 MiB
+    // pages; the CPU backend rounds large blocks to 1 MiB).
+    size_t bytes = 0;
+    for (size_t parity = 0; parity < 2; ++parity)
+      for (size_t need : arena_needs(batches, parity))
+        if (need > 0) bytes += need + (size_t(2) << 20);
+    device_allocator(compute_.device()).retain_freed(bytes);
+  }
   for (size_t parity = 0; parity < 2; ++parity) {
     const std::array<size_t, 3> need = arena_needs(batches, parity);
     for (size_t d = 0; d < 3; ++d) {

@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <cstring>
+
 #include "test_util.h"
 
 using namespace swapopt;
@@ -40,4 +43,22 @@ TEST_CASE("zero-byte allocations are free") {
   CHECK(empty.numel() == 0);
   CHECK(empty.nbytes() == 0);
   CHECK_FALSE(empty.is_released());
+}
+
+TEST_CASE("retain_freed: a freed block of 1 MiB or more is handed out again, uncounted while kept") {
+  Allocator& alloc = device_allocator(Device::cpu());
+  alloc.retain_freed(size_t(8) << 20);
+  const MemoryStats s0 = alloc.stats();
+  const size_t bytes = (size_t(3) << 20) + 123;
+  auto* first = static_cast<unsigned char*>(alloc.allocate(bytes, nullptr));
+  std::memset(first, 0xab, 64);
+  alloc.deallocate(first, bytes, nullptr);
+  CHECK(alloc.stats().current_bytes == s0.current_bytes);  // the kept block is not counted
+  auto* again = static_cast<unsigned char*>(alloc.allocate(bytes, nullptr));
+  // The same block with its bytes: free() would have written its bookkeeping over the first bytes
+  // of a heap block, and a block mapped afresh comes zeroed.
+  CHECK(again == first);
+  CHECK(std::all_of(again, again + 64, [](unsigned char b) { return b == 0xab; }));
+  CHECK(alloc.stats().current_bytes == s0.current_bytes + bytes);
+  alloc.deallocate(again, bytes, nullptr);
 }

@@ -76,6 +76,13 @@ TEST_SUITE("swap") {
       }
   }
 
+  TEST_CASE("retain_arenas: staging memory kept between steps, results bitwise as without") {
+    SwapConfig retain = config_of(3, true);
+    retain.retain_arenas = true;
+    check_bitwise([](const std::vector<ParamPtr>& p) { return make_muon(p); }, [](Muon& m, const SwapConfig& c) { return swap_muon(m, c); }, retain);
+    check_bitwise(make_adamw, [](AdamW& a, const SwapConfig& c) { return swap_adamw(a, c); }, retain);
+  }
+
   TEST_CASE("only the configured state keys are swapped") {
     auto params = test::swap_model(3);
     auto adamw = make_adamw(params);

@@ -36,6 +36,10 @@ class Allocator {
   virtual MemoryStats stats() const = 0;
   /** Sets peak to current. */
   virtual void reset_peak() = 0;
+  /** Keeps up to `bytes` of freed memory for reuse instead of handing it back to the system (CUDA:
+   *  the device's default pool's release threshold; CPU backend: freed blocks of 1 MiB and more).
+   *  Only ever raised; the counters do not include what is kept. Default: nothing kept. */
+  virtual void retain_freed(size_t bytes) { (void)bytes; }
 };
 
 /** The allocator of device memory (cudaMallocAsync on CUDA; aligned malloc on the CPU backend). */
