@@ -245,8 +245,8 @@ int run_rank(const Config& c) {
     // A weights file of this step left by an earlier attempt must not pair with a new optimizer
     // file should this rank die between the two writes.
     std::filesystem::remove(checkpoint_path(c, env.rank, step, "weights"));
-    c.swap ? swapped->save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"))
-           : muon.save_checkpoint(checkpoint_path(c, env.rank, step, "optimizer"));
+    const std::string state = checkpoint_path(c, env.rank, step, "optimizer");
+    c.swap ? swapped->save_checkpoint(state) : muon.save_checkpoint(state);
     StateDict shards;
     shards.metadata = "{\"step\": " + std::to_string(step) + "}";
     for (const ParamPtr& w : weights) shards.tensors.emplace(w->name, w->data);

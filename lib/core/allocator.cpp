@@ -30,7 +30,6 @@ constexpr size_t kCachedBlock = size_t(1) << 20;
  *  counters see allocations and frees as the caller makes them, whatever the cache holds. */
 class HostAllocator final : public Allocator {
  public:
-
   void* allocate(size_t nbytes, Stream*) override {
     if (nbytes == 0) return nullptr;
     const size_t rounded = block_size(nbytes);
