@@ -15,8 +15,12 @@ void axpby(cudaStream_t stream, int64_t n, float alpha, const void* x, int x_dty
 void lerp(cudaStream_t stream, int64_t n, void* a, int a_dtype, const void* b, int b_dtype, float weight);
 /** dst = src converted. */
 void cast(cudaStream_t stream, int64_t n, const void* src, int src_dtype, void* dst, int dst_dtype);
-/** norms[m] = sqrt(sum of squares of x[m*per .. (m+1)*per)) for m < count. */
-void frobenius_norm(cudaStream_t stream, int64_t count, int64_t per, const void* x, int x_dtype, float* norms);
+/** Partial sums the norm of one matrix of `per` elements takes: frobenius_norm's `partials` holds
+ *  count * norm_slices(per) floats. */
+int64_t norm_slices(int64_t per);
+/** norms[m] = sqrt(sum of squares of x[m*per .. (m+1)*per)) for m < count, in a fixed order (the
+ *  same bits on every run); `partials` is device scratch of count * norm_slices(per) floats. */
+void frobenius_norm(cudaStream_t stream, int64_t count, int64_t per, const void* x, int x_dtype, float* partials, float* norms);
 /** x[m*per + i] /= norms[m] + eps. */
 void scale_by_inverse_norm(cudaStream_t stream, int64_t count, int64_t per, void* x, int x_dtype, const float* norms,
                            float eps);

@@ -129,6 +129,10 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
   }
 }
 
+int64_t frobenius_norm_scratch_bytes(Device device, int64_t count, int64_t per) {
+  return device.is_cpu() ? 0 : cuda::frobenius_norm_scratch_bytes(count, per);
+}
+
 void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& out_flag) {
   check_on_stream(stream, x, "flag_nonfinite", "x");
   check_on_stream(stream, out_flag, "flag_nonfinite", "flag");

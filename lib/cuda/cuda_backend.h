@@ -42,6 +42,8 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& y);
 void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight);
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms);
+/** Bytes of the partial sums frobenius_norm allocates (see ops::frobenius_norm_scratch_bytes). */
+int64_t frobenius_norm_scratch_bytes(int64_t count, int64_t per);
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
 void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& flag);
 void cast(Stream& stream, const Tensor& src, const Tensor& dst);

@@ -77,10 +77,14 @@ void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 
+int64_t frobenius_norm_scratch_bytes(int64_t count, int64_t per) { return count * kernels::norm_slices(per) * 4; }
+
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
-  const int64_t count = norms.numel();
-  kernels::frobenius_norm(cuda_stream(stream).stream(), count, count ? x.numel() / count : 0, x.data_ptr(), code(x.dtype()),
+  const int64_t count = norms.numel(), per = count ? x.numel() / count : 0;
+  // Scratch for the partial sums, stream-ordered: freed after the kernels that use it.
+  const Tensor partials = Tensor::empty({count * kernels::norm_slices(per)}, DType::f32, x.device(), &stream);
+  kernels::frobenius_norm(cuda_stream(stream).stream(), count, per, x.data_ptr(), code(x.dtype()), partials.data<float>(),
                           norms.data<float>());
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }

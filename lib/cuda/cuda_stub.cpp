@@ -26,6 +26,7 @@ void syrk(Stream&, const Tensor&, bool, const Tensor&, float, float) { not_built
 void axpby(Stream&, float, const Tensor&, float, const Tensor&) { not_built("axpby"); }
 void lerp(Stream&, const Tensor&, const Tensor&, float) { not_built("lerp"); }
 void frobenius_norm(Stream&, const Tensor&, const Tensor&) { not_built("frobenius_norm"); }
+int64_t frobenius_norm_scratch_bytes(int64_t, int64_t) { return 0; }  // no CUDA device can exist
 void scale_by_inverse_norm(Stream&, const Tensor&, const Tensor&, float) { not_built("scale_by_inverse_norm"); }
 void flag_nonfinite(Stream&, const Tensor&, const Tensor&) { not_built("flag_nonfinite"); }
 void cast(Stream&, const Tensor&, const Tensor&) { not_built("cast"); }

@@ -165,15 +165,16 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   }
 }
 
-int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size) {
+int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size, Device device) {
   const int64_t k = std::min(cs.rows, cs.cols);
-  return cs.count * (2 * cs.rows * cs.cols * element_size + 2 * k * k * element_size + 4);
+  return cs.count * (2 * cs.rows * cs.cols * element_size + 2 * k * k * element_size + 4) +
+         ops::frobenius_norm_scratch_bytes(device, cs.count, cs.rows * cs.cols);
 }
 
 int64_t Muon::workspace_bytes(size_t group, const std::vector<Param*>& params) const {
   const int64_t s = int64_t(dtype_size(ns_dtype(group)));
   int64_t total = 0;
-  for (const Param* p : params) total += ns_workspace_bytes(core_shape(p->data.shape()), s);
+  for (const Param* p : params) total += ns_workspace_bytes(core_shape(p->data.shape()), s, device());
   return total;
 }
 

@@ -39,7 +39,7 @@ int64_t Muon::assignment_workspace_bytes(const HsdpAssignment& a) const {
     const int64_t logical = shape_numel(p->logical_shape()), local = p->data.numel();
     total += local * int64_t(p->data.element_size());  // its replicate broadcast buffer
     if (!a.owns(p)) continue;
-    total += ns_workspace_bytes(core_shape(p->logical_shape()), s);  // NS of the full matrix
+    total += ns_workspace_bytes(core_shape(p->logical_shape()), s, device());  // NS of the full matrix
     if (a.sharded()) total += (ranks + 1) * local * s + logical * s + 512 * (ranks + 2);  // chunks, update, alignment
   }
   return total;

@@ -193,6 +193,88 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
   }
 
+  TEST_CASE("vector and one-at-a-time kernels give the same bits: every op on views one element off 16-byte alignment") {
+    // The kernels take 8 elements at a time when every buffer is 16-byte aligned and one at a
+    // time otherwise; a view that starts one element into its buffer takes the second path.
+    Stream gs(Device::cuda(0));
+    const int64_t rows = 5, cols = 1609, n = rows * cols;  // 8045: 1005 vectors and a tail of 5
+    auto aligned = [&](const Tensor& cpu) { return cpu.to(Device::cuda(0)); };
+    auto misaligned = [&](const Tensor& cpu) {
+      const Tensor big = Tensor::zeros({cpu.numel() + 1}, cpu.dtype(), Device::cuda(0));
+      const Tensor view = big.narrow(0, 1, cpu.numel()).view(cpu.shape());
+      ops::copy(gs, cpu.to(Device::cuda(0)), view);
+      return view;
+    };
+    auto run = [&](auto&& op, const std::vector<Tensor>& cpu, auto&& place) {
+      std::vector<Tensor> t;
+      for (const Tensor& c : cpu) t.push_back(place(c));
+      op(gs, t);
+      gs.synchronize();
+      std::vector<Tensor> out;
+      for (const Tensor& g : t) out.push_back(g.to(Device::cpu()));
+      return out;
+    };
+    auto same = [&](auto&& op, const std::vector<Tensor>& cpu) {
+      const std::vector<Tensor> a = run(op, cpu, aligned), b = run(op, cpu, misaligned);
+      bool equal = true;
+      for (size_t i = 0; i < a.size(); ++i) equal = equal && test::same_bits_or_both_nan(a[i], b[i]);
+      return equal;
+    };
+    for (DType xd : {DType::f32, DType::bf16, DType::f16})
+      for (DType yd : {DType::f32, DType::bf16, DType::f16}) {
+        CAPTURE(dtype_name(xd));
+        CAPTURE(dtype_name(yd));
+        const Tensor x = test::random_tensor({rows, cols}, xd, 21), y = test::random_tensor({rows, cols}, yd, 22);
+        const Tensor f1 = test::random_tensor({rows, cols}, DType::f32, 23), f2 = test::random_tensor({rows, cols}, DType::f32, 24);
+        Tensor v = f2.clone();
+        for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]);  // second moments
+        CHECK(same([](Stream& s, std::vector<Tensor>& t) { ops::axpby(s, 0.5f, t[0], -2.f, t[1]); }, {x, y}));
+        CHECK(same([](Stream& s, std::vector<Tensor>& t) { ops::lerp(s, t[1], t[0], 0.3f); }, {x, y}));
+        CHECK(same([](Stream& s, std::vector<Tensor>& t) { ops::cast(s, t[0], t[1]); }, {x, y}));
+        CHECK(same([](Stream& s, std::vector<Tensor>& t) { ops::muon_momentum(s, t[0], t[1], t[2], 0.95f, 0.9f, true); },
+                   {x, y, Tensor::zeros({rows, cols}, xd, Device::cpu())}));
+        ops::AdamWScalars k;
+        k.decay = 0.999f;
+        k.bias_correction2_sqrt = 0.3f;
+        k.neg_step_size = -0.01f;
+        for (bool amsgrad : {false, true})
+          CHECK(same([&](Stream& s, std::vector<Tensor>& t) { ops::adamw_update(s, t[0], t[1], t[2], t[3], amsgrad ? t[4] : Tensor(), k); },
+                     {y, x, f1, v, v}));
+      }
+    // Norms over several slices of a matrix: 16800 elements (a multiple of 8, so the aligned
+    // launch reads vectors) and 16867 (never vectors, the last group padded with zeros).
+    for (DType xd : {DType::f32, DType::bf16, DType::f16})
+      for (const Shape& shape : {Shape{3, 100, 168}, Shape{3, 101, 167}}) {
+        CAPTURE(dtype_name(xd));
+        CAPTURE(shape_str(shape));
+        const Tensor x = test::random_tensor(shape, xd, 25);
+        CHECK(same([&](Stream& s, std::vector<Tensor>& t) { ops::frobenius_norm(s, t[0], t[1]); },
+                   {x, Tensor::zeros({3}, DType::f32, Device::cpu())}));
+        CHECK(same([&](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); },
+                   {x, Tensor::from_floats({1.f, 2.f, 0.5f}, {3})}));
+      }
+    for (DType xd : {DType::f32, DType::bf16, DType::f16}) {
+      CAPTURE(dtype_name(xd));
+      const Tensor x = test::random_tensor({rows, cols}, xd, 25);
+      CHECK(same([&](Stream& s, std::vector<Tensor>& t) { ops::flag_nonfinite(s, t[0], t[1]); },
+                 {x, Tensor::zeros({1}, DType::f32, Device::cpu())}));
+    }
+  }
+
+  TEST_CASE("the norm of one 4096x4096 matrix (spread over many blocks): close to the CPU's, the same bits every run") {
+    Stream cs(Device::cpu()), gs(Device::cuda(0));
+    const Tensor x = test::random_tensor({1, 4096, 4096}, DType::bf16, 26), xg = x.to(Device::cuda(0));
+    Tensor n_cpu = Tensor::zeros({1}, DType::f32, Device::cpu());
+    Tensor first = Tensor::zeros({1}, DType::f32, Device::cuda(0)), second = Tensor::zeros({1}, DType::f32, Device::cuda(0));
+    ops::frobenius_norm(cs, x, n_cpu);
+    ops::frobenius_norm(gs, xg, first);
+    ops::frobenius_norm(gs, xg, second);
+    cs.synchronize();
+    gs.synchronize();
+    CHECK(test::same_bits(first.to(Device::cpu()), second.to(Device::cpu())));
+    CHECK(compare("cuda norm of 4096x4096", first.to_float_vector(), n_cpu.to_float_vector()).max_rel < 1e-5);
+  }
+
   TEST_CASE("launch shapes: more matrices than the norm kernel's blocks (each block loops over several)") {
     Stream cs(Device::cpu()), gs(Device::cuda(0));
     const int64_t count = 1100000;  // > 1048560 blocks

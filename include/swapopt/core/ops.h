@@ -36,6 +36,9 @@ void lerp(Stream& stream, const Tensor& out_a, const Tensor& b, float weight);
 /** out_norms[i] = ||x[i]||_F over the last two dims of x (a 2-D x is a batch of one); out_norms is
  *  f32 with one element per matrix. Sums of squares accumulate in f64 on the CPU. */
 void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms);
+/** Device bytes frobenius_norm allocates for its partial sums over `count` matrices of `per`
+ *  elements on `device` (stream-ordered, freed after the op): 0 on the CPU. */
+int64_t frobenius_norm_scratch_bytes(Device device, int64_t count, int64_t per);
 
 /** Sets out_flag[0] (f32) to 1 if any element of x is NaN or infinite; otherwise leaves it (zero it
  *  first; several tensors can then share one flag). */

@@ -91,9 +91,10 @@ struct CoreShape {
 /** The core shape of `shape`; throws for fewer than 2 dims. */
 CoreShape core_shape(const Shape& shape);
 
-/** Device bytes Newton-Schulz on the matrices of `cs` allocates with `element_size`-byte elements,
- *  its stacked input included: 2 B m n + 2 B k^2 elements (k = min(m, n)) plus B f32 norms. */
-int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size);
+/** Device bytes Newton-Schulz on the matrices of `cs` allocates on `device` with `element_size`-byte
+ *  elements, its stacked input included: 2 B m n + 2 B k^2 elements (k = min(m, n)), B f32 norms,
+ *  and on CUDA the norm's partial sums (ops::frobenius_norm_scratch_bytes). */
+int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size, Device device = Device::cpu());
 
 /** Muon over param groups of matrices, each group with its own options: a momentum_buffer per
  *  param (in the param's dtype), Newton-Schulz of each matrix's update, decoupled weight decay;
