@@ -17,6 +17,8 @@
 #      run equals the uninterrupted one bitwise.
 #   9. A rank that fails before the rendezvous, seen by its own host only: the other launchers
 #      follow it into the next round (through Redis) within seconds, not the rendezvous timeout.
+#  10. A rank that fails after the last collective, once the other hosts have finished: its
+#      launcher ends at once with a named reason instead of restarting into a round nobody joins.
 # Delay and loss come from tests/hosts/netswitch.cpp (these kernels have no netem): a second link
 # per host, a TAP device joined by that userspace switch. Everything the harness made
 # (namespaces, links, processes) is removed on exit, even when it is killed, and checked gone at
@@ -342,6 +344,28 @@ scenario_early_failure() {
   [ $ok -eq 0 ] || for i in 0 1 2 3; do echo "-- host $i:"; tail -n 5 "$work/rank$i"; done
 }
 
+# Host 3's program trains to the end with the others, then exits 3 (in round 0) two seconds after
+# they have finished. Its launcher must not wait 60 s in a round-1 rendezvous nobody joins.
+scenario_failure_after_finish() {
+  for i in $(seq 0 $((HOSTS - 1))); do
+    for pid in $(ip netns pids "$(host "$i")" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
+  done
+  flush_redis
+  local steps=10
+  for i in 0 1 2; do start_launcher "$i" "$HSDP" --mesh 2x2 --steps $steps; done
+  start_launcher 3 bash -c '"$0" "$@"; rc=$?; [ "$SWAPOPT_RUN_ID" != "hosts'$$'.0" ] || { sleep 2; exit 3; }; exit $rc' \
+    "$HSDP" --mesh 2x2 --steps $steps
+  wait_launchers
+  local ended ok=1 said
+  said=$(grep -o 'not restarted: a host already finished the job in round 0' "$work/rank3")
+  # From host 3's program exiting to its launcher's end, by the launcher log's modification times.
+  ended=$(( $(stat -c %Y "$work/rank3") - $(stat -c %Y "$work/rank0") ))
+  [ "$codes" = "0 0 0 3 " ] && [ -n "$said" ] && [ $ended -lt 10 ] && ok=0
+  result "10. a rank failing after the others finished: its launcher ends at once, not restarted" $ok \
+    "launchers exit $codes; host 3 ended ${ended} s after host 0 (a restart would wait 60 s): $(grep -o 'swapopt-launch: .*' "$work/rank3" | head -n 1)"
+  [ $ok -eq 0 ] || for i in 0 1 2 3; do echo "-- host $i:"; tail -n 5 "$work/rank$i"; done
+}
+
 pids=()
 setup || { echo "test-hosts: could not make the namespaces"; exit 1; }
 start_redis || exit 1
@@ -356,6 +380,7 @@ attempt scenario_fault "7. rank 3 stopped past the timeout" 'kill -STOP "${pids[
 attempt scenario_redis_unreachable
 attempt scenario_restart 2> /dev/null
 attempt scenario_early_failure 2> /dev/null
+attempt scenario_failure_after_finish 2> /dev/null
 
 cleanup
 trap - EXIT
