@@ -78,6 +78,27 @@ Spread time_ms(int reps, const std::function<void()>& fn, const std::function<vo
   return Spread(samples);
 }
 
+/** Milliseconds of `a` and of `b` over `reps` runs each, alternating (a warm-up of each first), so
+ *  that both see the machine in the same state; sample r of one is paired with sample r of the other. */
+std::pair<std::vector<double>, std::vector<double>> time_alternating_ms(int reps, const std::function<void()>& a,
+                                                                        const std::function<void()>& b,
+                                                                        const std::function<void()>& sync) {
+  std::pair<std::vector<double>, std::vector<double>> samples;
+  auto once = [&](const std::function<void()>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  once(a);
+  once(b);
+  for (int r = 0; r < reps; ++r) {
+    samples.first.push_back(once(a));
+    samples.second.push_back(once(b));
+  }
+  return samples;
+}
+
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
@@ -97,22 +118,29 @@ void run_ns(const Options& o) {
       const Tensor x0 = random_tensor({1, m, n}, dt, o.device, 1);
       const Tensor x = Tensor::empty_like(x0);
       const auto schedule = ns_schedule("asym5", 5, {});
-      const Spread ns_ms = time_ms(o.reps, [&] {
-            ops::copy(s, x0, x);
-            newton_schulz(s, x, schedule, 1e-7f);
-          }, [&] { s.synchronize(); });
-      const double useful = newton_schulz_flops(m, n, 5);
-      // As the backend runs it: CUDA has no bf16 SYRK, so both symmetric products there are full
-      // GEMMs (twice their useful flops); everywhere else they are SYRKs.
-      const double small = double(std::min(m, n)), large = double(std::max(m, n));
-      const double executed = o.device.is_cuda() && dt != DType::f32 ? 5.0 * (4 * small * small * large + 2 * small * small * small) : useful;
       // The same backend's GEMM on NS's dominant product: [k, k] @ [k, l], k = min, l = max.
       const int64_t k = std::min(m, n), l = std::max(m, n);
       const Tensor a = random_tensor({k, k}, dt, o.device, 2), b = random_tensor({k, l}, dt, o.device, 3);
       const Tensor c = Tensor::empty({k, l}, dt, o.device);
-      const Spread gemm_ms = time_ms(o.reps, [&] { ops::gemm(s, a, false, b, false, c); }, [&] { s.synchronize(); });
-      const Spread ns_gflops = ns_ms.rate(useful / 1e6), executed_gflops = ns_ms.rate(executed / 1e6), gemm_gflops = gemm_ms.rate(2.0 * double(k) * double(k) * double(l) / 1e6);
-      const double ratio = ns_gflops.median / gemm_gflops.median;
+      // NS and GEMM alternate; the ratio is the median of each pair's ratio.
+      const auto [ns_samples, gemm_samples] = time_alternating_ms(
+          o.reps,
+          [&] {
+            ops::copy(s, x0, x);
+            newton_schulz(s, x, schedule, 1e-7f);
+          },
+          [&] { ops::gemm(s, a, false, b, false, c); }, [&] { s.synchronize(); });
+      const Spread ns_ms(ns_samples), gemm_ms(gemm_samples);
+      const double useful = newton_schulz_flops(m, n, 5), gemm_flops = 2.0 * double(k) * double(k) * double(l);
+      // As the backend runs it: CUDA has no bf16 SYRK, so both symmetric products there are full
+      // GEMMs (twice their useful flops); everywhere else they are SYRKs.
+      const double small = double(k), large = double(l);
+      const double executed = o.device.is_cuda() && dt != DType::f32 ? 5.0 * (4 * small * small * large + 2 * small * small * small) : useful;
+      const Spread ns_gflops = ns_ms.rate(useful / 1e6), executed_gflops = ns_ms.rate(executed / 1e6),
+                   gemm_gflops = gemm_ms.rate(gemm_flops / 1e6);
+      std::vector<double> pair_ratios;
+      for (size_t r = 0; r < ns_samples.size(); ++r) pair_ratios.push_back((useful / ns_samples[r]) / (gemm_flops / gemm_samples[r]));
+      const double ratio = Spread(pair_ratios).median;
       std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",%s,%s,%s,%s,\"ratio\":%.3f}\n",
                   o.device.str().c_str(), (long long)m, (long long)n, dtype_name(dt), ns_ms.json("ns_ms").c_str(),
                   ns_gflops.json("ns_gflops").c_str(), executed_gflops.json("executed_gflops").c_str(),
