@@ -157,11 +157,16 @@ void run_momentum(const Options& o) {
     const Tensor g = random_tensor({n}, DType::f32, o.device, 1), buf = Tensor::zeros({n}, DType::f32, o.device);
     const Tensor u = Tensor::empty({n}, DType::f32, o.device);
     const Tensor src = random_tensor({n}, DType::f32, o.device, 2), dst = Tensor::empty({n}, DType::f32, o.device);
-    const Spread mom_ms = time_ms(o.reps, [&] { ops::muon_momentum(s, g, buf, u, 0.95f, 0.95f, true); }, [&] { s.synchronize(); });
-    const Spread copy_ms = time_ms(o.reps, [&] { ops::copy(s, src, dst); }, [&] { s.synchronize(); });
+    // Alternating runs; the ratio is the median of each pair's ratio.
+    const auto [mom_samples, copy_samples] = time_alternating_ms(
+        o.reps, [&] { ops::muon_momentum(s, g, buf, u, 0.95f, 0.95f, true); }, [&] { ops::copy(s, src, dst); },
+        [&] { s.synchronize(); });
     // momentum reads g and buf, writes buf and u; memcpy reads and writes once.
-    const Spread mom_gbs = mom_ms.rate(16.0 * double(n) / 1e6), copy_gbs = copy_ms.rate(8.0 * double(n) / 1e6);
-    const double ratio = mom_gbs.median / copy_gbs.median;
+    const double mom_bytes = 16.0 * double(n), copy_bytes = 8.0 * double(n);
+    const Spread mom_gbs = Spread(mom_samples).rate(mom_bytes / 1e6), copy_gbs = Spread(copy_samples).rate(copy_bytes / 1e6);
+    std::vector<double> pair_ratios;
+    for (size_t r = 0; r < mom_samples.size(); ++r) pair_ratios.push_back((mom_bytes / mom_samples[r]) / (copy_bytes / copy_samples[r]));
+    const double ratio = Spread(pair_ratios).median;
     std::printf("{\"bench\":\"momentum\",\"device\":\"%s\",\"elements\":%lld,%s,%s,\"ratio\":%.3f}\n",
                 o.device.str().c_str(), (long long)n, mom_gbs.json("momentum_gbs").c_str(), copy_gbs.json("memcpy_gbs").c_str(),
                 ratio);
