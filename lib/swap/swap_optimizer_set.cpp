@@ -1,5 +1,6 @@
 #include "swapopt/swap/swap_optimizer_set.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -50,6 +51,31 @@ void SwapOptimizerSet::step() {
   }
   for (SwapOptimizer::PlannedStep& plan : plans) plan.skip = skip;
   for (size_t i = 0; i < members_.size(); ++i) members_[i].second->run_step(plans[i]);
+}
+
+void SwapOptimizerSet::set_skip_nonfinite(bool on) {
+  for (Member& m : members_) m.second->optimizer().set_skip_nonfinite(on);
+}
+
+SwapStepReport SwapOptimizerSet::last_report() {
+  SwapStepReport total;
+  for (Member& m : members_) {
+    const SwapStepReport r = m.second->last_report();
+    total.batches += r.batches;
+    total.h2d_bytes += r.h2d_bytes;
+    total.d2h_bytes += r.d2h_bytes;
+    total.h2d_copies += r.h2d_copies;
+    total.d2h_copies += r.d2h_copies;
+    total.swapped_slots += r.swapped_slots;
+    total.state_bytes += r.state_bytes;
+    // Unmeasured in any member (-1) makes the sum unmeasured too.
+    total.exposed_wait_ms = total.exposed_wait_ms < 0 || r.exposed_wait_ms < 0 ? -1.0 : total.exposed_wait_ms + r.exposed_wait_ms;
+    total.peak_resident_bytes = std::max(total.peak_resident_bytes, r.peak_resident_bytes);
+    total.peak_workspace_bytes = std::max(total.peak_workspace_bytes, r.peak_workspace_bytes);
+    total.early_prefetch_used = total.early_prefetch_used || r.early_prefetch_used;
+    total.skipped_nonfinite = total.skipped_nonfinite || r.skipped_nonfinite;
+  }
+  return total;
 }
 
 void SwapOptimizerSet::zero_grad() {

@@ -55,6 +55,10 @@ TEST_CASE("clip_grad_norm: the global L2 norm, grads scaled by max_norm / (norm 
   s.synchronize();
   CHECK(serialize_state_dict({{{"w", small[0]->grad}, {"v", small[1]->grad}}, "{}"}) == unchanged);
 
+  // The world group as a shared_ptr (as the README's HSDP setup holds it); none: this process only.
+  auto again = with_grads(1, 10.f);
+  CHECK(clip_grad_norm(again, 1.0, s, std::shared_ptr<Communicator>()) == norm);
+
   auto bad = with_grads(3, 1.f);
   bad[1]->grad.data<float>()[2] = std::nanf("");
   const std::string kept = serialize_state_dict({{{"w", bad[0]->grad}}, "{}"});

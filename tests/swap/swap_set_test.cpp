@@ -49,6 +49,42 @@ struct Trained {
 }  // namespace
 
 TEST_SUITE("swap") {
+  TEST_CASE("SwapOptimizerSet's stream, skip switch and report: one for all members") {
+    Trained t;
+    CHECK(t.set->stream() == t.opt.muon().stream());
+    CHECK(t.set->member("adamw").stream() == t.opt.adamw().stream());
+    // The report sums the members' (they run one after another) and takes the larger peak.
+    set_grads(t.params, 1);
+    t.set->step();
+    t.set->synchronize();
+    const SwapStepReport total = t.set->last_report(), muon = t.set->member("muon").last_report(),
+                         adamw = t.set->member("adamw").last_report();
+    CHECK(muon.h2d_bytes > 0);
+    CHECK(adamw.h2d_bytes > 0);
+    CHECK(total.batches == muon.batches + adamw.batches);
+    CHECK(total.h2d_bytes == muon.h2d_bytes + adamw.h2d_bytes);
+    CHECK(total.d2h_bytes == muon.d2h_bytes + adamw.d2h_bytes);
+    CHECK(total.swapped_slots == muon.swapped_slots + adamw.swapped_slots);
+    CHECK(total.state_bytes == muon.state_bytes + adamw.state_bytes);
+    CHECK(total.peak_resident_bytes == std::max(muon.peak_resident_bytes, adamw.peak_resident_bytes));
+    CHECK(total.peak_workspace_bytes == muon.peak_workspace_bytes);  // AdamW has none
+    // A NaN in one AdamW grad skips every member's step; nothing changes.
+    t.set->set_skip_nonfinite(true);
+    CHECK(t.opt.muon().skip_nonfinite());
+    CHECK(t.opt.adamw().skip_nonfinite());
+    set_grads(t.params, 2);
+    t.params.back()->grad.data<float>()[3] = std::nanf("");
+    const std::string before = snapshot(*t.set, t.params);
+    t.set->step();
+    CHECK(t.set->last_step_skipped());
+    CHECK(snapshot(*t.set, t.params) == before);
+    CHECK(t.set->last_report().skipped_nonfinite);
+    set_grads(t.params, 3);
+    t.set->step();
+    CHECK_FALSE(t.set->last_step_skipped());
+    CHECK(snapshot(*t.set, t.params) != before);
+  }
+
   TEST_CASE("SwapOptimizerSet over MuonWithAdamW: one step equals the bare MuonWithAdamW bitwise, one checkpoint resumes bitwise") {
     auto bare_params = model();
     MuonWithAdamW bare(Stream(Device::cpu()), bare_params);

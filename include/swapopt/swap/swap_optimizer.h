@@ -39,6 +39,8 @@ class SwapOptimizer {
   const Event& grads_read() { return optimizer().grads_read(); }
   /** Completes when the last step() has written every param. */
   const Event& params_updated() { return optimizer().params_updated(); }
+  /** The stream the optimizer steps on (its optimizer's). */
+  Stream& stream() { return optimizer().stream(); }
   /** Blocks the host until the last step is done, its state copies to the host mirrors included. */
   void synchronize();
   /** The optimizer's zero_grad(). */

@@ -39,6 +39,18 @@ class SwapOptimizerSet {
   const Event& params_updated() { return members_.back().second->params_updated(); }
   /** Blocks the host until every member's last step is done, its state copies included. */
   void synchronize();
+  /** The stream every member steps on (one for all: the constructor checks it). */
+  Stream& stream() { return members_.front().second->stream(); }
+  /** set_skip_nonfinite(on) on every member's optimizer: a non-finite grad in any member then
+   *  skips the whole set's step. */
+  void set_skip_nonfinite(bool on);
+  /** Whether the last step() was skipped for a non-finite grad (the members skip together). */
+  bool last_step_skipped() { return members_.front().second->optimizer().last_step_skipped(); }
+  /** The last completed step of the set, summed over the members (they run one after another):
+   *  batches, bytes and copies each way, slots, state bytes and exposed wait are sums; the peaks
+   *  are the largest member's; early_prefetch_used and skipped_nonfinite hold if any member's do.
+   *  Never waits. The members' own: member(name).last_report(). */
+  SwapStepReport last_report();
 
   /** One state dict: each member's tensors under "<name>/" ("muon/state.0.momentum_buffer") and
    *  metadata {"optimizer": the members' optimizer names joined by '+' ("Muon+AdamW"), "members":
