@@ -95,7 +95,7 @@ void gemm_now(const MatrixArg& a, bool trans_a, const MatrixArg& b, bool trans_b
 
 /** Elementwise f32 loops at least this long are split over the OpenMP threads (each element is
  *  independent, so the split never changes the bits). */
-constexpr size_t kParallelElements = size_t(1) << 16;
+[[maybe_unused]] constexpr size_t kParallelElements = size_t(1) << 16;  // unread without OpenMP
 
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
 constexpr int64_t kSyrkBlock = 64;

@@ -13,7 +13,7 @@ namespace swapopt::cpu {
 // the bits do not depend on the split.
 
 namespace {
-constexpr size_t kParallelElements = size_t(1) << 16;
+[[maybe_unused]] constexpr size_t kParallelElements = size_t(1) << 16;  // unread without OpenMP
 }  // namespace
 
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
