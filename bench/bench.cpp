@@ -64,17 +64,19 @@ struct Spread {
   }
 };
 
-/** Milliseconds of `fn` over `reps` runs (one warm-up run first); `sync` waits for the work. */
-Spread time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
+/** Milliseconds of one run of `fn`, `sync` waiting for its work. */
+double once_ms(const std::function<void()>& fn, const std::function<void()>& sync) {
+  const auto t0 = std::chrono::steady_clock::now();
   fn();
   sync();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/** Milliseconds of `fn` over `reps` runs (one warm-up run first); `sync` waits for the work. */
+Spread time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& sync) {
+  once_ms(fn, sync);
   std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    samples.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (int r = 0; r < reps; ++r) samples.push_back(once_ms(fn, sync));
   return Spread(samples);
 }
 
@@ -84,19 +86,20 @@ std::pair<std::vector<double>, std::vector<double>> time_alternating_ms(int reps
                                                                         const std::function<void()>& b,
                                                                         const std::function<void()>& sync) {
   std::pair<std::vector<double>, std::vector<double>> samples;
-  auto once = [&](const std::function<void()>& fn) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  once(a);
-  once(b);
+  once_ms(a, sync);
+  once_ms(b, sync);
   for (int r = 0; r < reps; ++r) {
-    samples.first.push_back(once(a));
-    samples.second.push_back(once(b));
+    samples.first.push_back(once_ms(a, sync));
+    samples.second.push_back(once_ms(b, sync));
   }
   return samples;
+}
+
+/** The median over the pairs of time_alternating_ms of (a_work / a's ms) / (b_work / b's ms). */
+double median_pair_ratio(const std::vector<double>& a_ms, double a_work, const std::vector<double>& b_ms, double b_work) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < a_ms.size(); ++r) ratios.push_back((a_work / a_ms[r]) / (b_work / b_ms[r]));
+  return Spread(ratios).median;
 }
 
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint32_t seed) {
@@ -138,9 +141,7 @@ void run_ns(const Options& o) {
       const double executed = o.device.is_cuda() && dt != DType::f32 ? 5.0 * (4 * small * small * large + 2 * small * small * small) : useful;
       const Spread ns_gflops = ns_ms.rate(useful / 1e6), executed_gflops = ns_ms.rate(executed / 1e6),
                    gemm_gflops = gemm_ms.rate(gemm_flops / 1e6);
-      std::vector<double> pair_ratios;
-      for (size_t r = 0; r < ns_samples.size(); ++r) pair_ratios.push_back((useful / ns_samples[r]) / (gemm_flops / gemm_samples[r]));
-      const double ratio = Spread(pair_ratios).median;
+      const double ratio = median_pair_ratio(ns_samples, useful, gemm_samples, gemm_flops);
       std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",%s,%s,%s,%s,\"ratio\":%.3f}\n",
                   o.device.str().c_str(), (long long)m, (long long)n, dtype_name(dt), ns_ms.json("ns_ms").c_str(),
                   ns_gflops.json("ns_gflops").c_str(), executed_gflops.json("executed_gflops").c_str(),
@@ -164,9 +165,7 @@ void run_momentum(const Options& o) {
     // momentum reads g and buf, writes buf and u; memcpy reads and writes once.
     const double mom_bytes = 16.0 * double(n), copy_bytes = 8.0 * double(n);
     const Spread mom_gbs = Spread(mom_samples).rate(mom_bytes / 1e6), copy_gbs = Spread(copy_samples).rate(copy_bytes / 1e6);
-    std::vector<double> pair_ratios;
-    for (size_t r = 0; r < mom_samples.size(); ++r) pair_ratios.push_back((mom_bytes / mom_samples[r]) / (copy_bytes / copy_samples[r]));
-    const double ratio = Spread(pair_ratios).median;
+    const double ratio = median_pair_ratio(mom_samples, mom_bytes, copy_samples, copy_bytes);
     std::printf("{\"bench\":\"momentum\",\"device\":\"%s\",\"elements\":%lld,%s,%s,\"ratio\":%.3f}\n",
                 o.device.str().c_str(), (long long)n, mom_gbs.json("momentum_gbs").c_str(), copy_gbs.json("memcpy_gbs").c_str(),
                 ratio);

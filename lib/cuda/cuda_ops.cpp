@@ -83,7 +83,7 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& norms) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const int64_t count = norms.numel(), per = count ? x.numel() / count : 0;
   // Scratch for the partial sums, stream-ordered: freed after the kernels that use it.
-  const Tensor partials = Tensor::empty({count * kernels::norm_slices(per)}, DType::f32, x.device(), &stream);
+  const Tensor partials = Tensor::empty({frobenius_norm_scratch_bytes(count, per) / 4}, DType::f32, x.device(), &stream);
   kernels::frobenius_norm(cuda_stream(stream).stream(), count, per, x.data_ptr(), code(x.dtype()), partials.data<float>(),
                           norms.data<float>());
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
