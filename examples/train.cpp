@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
   const Config c = parse(argc, argv);
   try {
     return run(c);
-  } catch (const Error& e) {  // e.g. a --budget below what a unit needs: the message says both sizes
+  } catch (const Error& e) {  // e.g. a --budget below a unit's workspace: the message says both sizes
     std::fprintf(stderr, "swapopt-train: %s\n", e.what());
     return 1;
   }

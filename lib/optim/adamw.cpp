@@ -36,19 +36,12 @@ std::vector<std::string> keys_for(const AdamWOptions& o) {
 
 std::vector<std::string> AdamW::group_state_keys(size_t group) const { return keys_for(options_.at(group)); }
 
-void AdamW::update_param(size_t group, Param& param) {
-  const AdamWOptions& o = options_.at(group);
-  SWAPOPT_CHECK(param.has_grad(), "[AdamW] param '" << param.name << "' has no grad");
-  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
-                "[AdamW] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
-  Tensor& exp_avg = state_tensor(param, "exp_avg");
-  Tensor& exp_avg_sq = state_tensor(param, "exp_avg_sq");
-  const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(param, "max_exp_avg_sq") : Tensor();
-  ParamState& ps = state_[&param];
-  ps.step += 1;
-  // Host scalars in f64, as torch computes them, rounded once to f32.
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, double(ps.step));
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, double(ps.step));
+namespace {
+/** The step's host scalars for a param at `step` (this step included): f64, as torch computes
+ *  them, rounded once to f32. */
+ops::AdamWScalars scalars_for(const AdamWOptions& o, int64_t step) {
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, double(step));
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, double(step));
   ops::AdamWScalars k;
   k.decay = float(1.0 - o.lr * o.weight_decay);
   k.one_minus_beta1 = float(1.0 - o.beta1);
@@ -57,7 +50,49 @@ void AdamW::update_param(size_t group, Param& param) {
   k.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
   k.eps = float(o.eps);
   k.neg_step_size = float(-(o.lr / bias_correction1));
-  ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, k);
+  return k;
+}
+
+void require_grad(const Param& param) {
+  SWAPOPT_CHECK(param.has_grad(), "[AdamW] param '" << param.name << "' has no grad");
+  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
+                "[AdamW] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
+}
+
+/** Elements [begin, end) of `t`, flattened. */
+Tensor range_of(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).narrow(0, begin, end - begin); }
+}  // namespace
+
+void AdamW::update_param(size_t group, Param& param) {
+  const AdamWOptions& o = options_.at(group);
+  require_grad(param);
+  Tensor& exp_avg = state_tensor(param, "exp_avg");
+  Tensor& exp_avg_sq = state_tensor(param, "exp_avg_sq");
+  const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(param, "max_exp_avg_sq") : Tensor();
+  ParamState& ps = state_[&param];
+  ps.step += 1;
+  ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, ps.step));
+}
+
+void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
+                               const std::map<std::string, Tensor>& staged) {
+  const AdamWOptions& o = options_.at(group);
+  require_grad(param);
+  SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),
+                "[AdamW] chunk [" << begin << ", " << end << ") is outside '" << param.name << "' ("
+                                  << param.data.numel() << " elements)");
+  const auto chunk_of = [&](const std::string& key) {
+    const auto it = staged.find(key);
+    if (it != staged.end()) return it->second;
+    return range_of(state_tensor(param, key), begin, end);
+  };
+  const Tensor exp_avg = chunk_of("exp_avg");
+  const Tensor exp_avg_sq = chunk_of("exp_avg_sq");
+  const Tensor max_exp_avg_sq = o.amsgrad ? chunk_of("max_exp_avg_sq") : Tensor();
+  ParamState& ps = state_[&param];
+  if (begin == 0) ps.step += 1;
+  ops::adamw_update(stream_, range_of(param.data, begin, end), range_of(param.grad, begin, end), exp_avg, exp_avg_sq,
+                    max_exp_avg_sq, scalars_for(o, ps.step));
 }
 
 void AdamW::set_options(size_t group, const AdamWOptions& options) { set_group_options(options_, group, options, name_); }

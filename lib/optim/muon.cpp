@@ -110,8 +110,8 @@ std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t gro
   return batches;
 }
 
-Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
-  SWAPOPT_CHECK(!params.empty(), "[Muon] update_momentum needs at least one param");
+Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) {
+  SWAPOPT_CHECK(!params.empty(), "[Muon] an NS batch needs at least one param");
   const CoreShape first = core_shape(params.front()->data.shape());
   int64_t total = 0;
   for (const Param* p : params) {
@@ -121,16 +121,40 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
                                                                 << first.rows << "x" << first.cols);
     total += cs.count;
   }
-  Tensor stacked = Tensor::empty({total, first.rows, first.cols}, ns_dtype(group), device(), &stream_);
-  std::vector<Tensor> slices;
+  return Tensor::empty({total, first.rows, first.cols}, ns_dtype(group), device(), &stream_);
+}
+
+std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vector<Param*>& params) const {
+  std::vector<Tensor> parts;
   int64_t offset = 0;
   for (const Param* p : params) {
     const int64_t count = core_shape(p->data.shape()).count;
-    slices.push_back(stacked.narrow(0, offset, count).view(p->data.shape()));
+    parts.push_back(ns_input.narrow(0, offset, count).view(p->data.shape()));
     offset += count;
   }
-  momentum_into(group, params, slices);
+  return parts;
+}
+
+Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
+  Tensor stacked = allocate_ns_input(group, params);
+  momentum_into(group, params, ns_input_parts(stacked, params));
   return stacked;
+}
+
+void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
+                          const Tensor& out_input) {
+  const MuonOptions& o = options_.at(group);
+  SWAPOPT_CHECK(!hooks_.momentum_update_fn, "[Muon] momentum_update_fn sees whole tensors: it cannot run in chunks");
+  SWAPOPT_CHECK(param.has_grad(), "[Muon] param '" << param.name << "' has no grad");
+  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
+                "[Muon] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
+  SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel() && out_input.numel() == end - begin,
+                "[Muon] chunk [" << begin << ", " << end << ") of '" << param.name << "' (" << param.data.numel()
+                                 << " elements) into " << out_input.str());
+  const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
+  const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
+  ops::muon_momentum(stream_, range_of(param.grad), buffer, out_input.view({end - begin}), float(o.momentum),
+                     float(o.m2()), o.nesterov);
 }
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {

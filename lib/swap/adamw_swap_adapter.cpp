@@ -22,6 +22,7 @@ std::vector<UpdateUnit> AdamWSwapAdapter::plan_units(bool assume_all_grads) cons
       UpdateUnit unit;
       unit.group = g;
       unit.params = {p.get()};
+      unit.chunkable = true;
       unit.logical_bytes = shape_numel(p->logical_shape()) * int64_t(dtype_size(DType::f32)) * keys;
       units.push_back(std::move(unit));
     }
@@ -39,5 +40,13 @@ void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
     unit.done = true;
   }
 }
+
+void AdamWSwapAdapter::begin_chunked_unit(UpdateUnit&) {}
+
+void AdamWSwapAdapter::step_chunk(UpdateUnit& unit, const StateChunk& chunk) {
+  adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+}
+
+void AdamWSwapAdapter::finish_chunked_unit(UpdateUnit& unit) { unit.done = true; }
 
 }  // namespace swapopt

@@ -32,6 +32,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
         unit.group = g;
         for (const Param* p : batch) unit.logical_bytes += shape_numel(p->logical_shape()) * int64_t(p->data.element_size());
         unit.workspace_bytes = muon_.workspace_bytes(g, batch);
+        unit.chunkable = true;  // an HSDP assignment below is not: its collectives take whole shards
         unit.params = std::move(batch);
         units.push_back(std::move(unit));
       }
@@ -53,6 +54,8 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
 }
 
 void MuonSwapAdapter::begin_step() {
+  chunk_input_ = Tensor();  // left by a chunked unit that failed in the step before
+  chunk_parts_.clear();
   for (ParamGroup& g : muon_.param_groups()) g.step += 1;
   if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.stream(), muon_.hsdp_options().broadcast_buffer_bytes);
 }
@@ -74,6 +77,29 @@ void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
     unit.done = true;  // the state is updated; a throwing hook below no longer undoes it
     if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
   }
+}
+
+void MuonSwapAdapter::begin_chunked_unit(UpdateUnit& unit) {
+  chunk_input_ = muon_.allocate_ns_input(unit.group, unit.params);
+  chunk_parts_ = muon_.ns_input_parts(chunk_input_, unit.params);
+}
+
+void MuonSwapAdapter::step_chunk(UpdateUnit& unit, const StateChunk& chunk) {
+  const size_t i = size_t(std::find(unit.params.begin(), unit.params.end(), chunk.param) - unit.params.begin());
+  SWAPOPT_CHECK(i < chunk_parts_.size(), "[swap] a chunk of '" << chunk.param->name << "', which is not in its unit");
+  const Tensor& part = chunk_parts_[i];
+  const auto staged = chunk.staged.find("momentum_buffer");
+  muon_.momentum_chunk(unit.group, *chunk.param, chunk.begin, chunk.end,
+                       staged != chunk.staged.end() ? staged->second : Tensor(),
+                       part.view({part.numel()}).narrow(0, chunk.begin, chunk.end - chunk.begin));
+}
+
+void MuonSwapAdapter::finish_chunked_unit(UpdateUnit& unit) {
+  const Tensor input = std::move(chunk_input_);
+  chunk_parts_.clear();
+  muon_.process_unsharded_batch(unit.group, unit.params, input);
+  unit.done = true;
+  if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
 }
 
 }  // namespace swapopt

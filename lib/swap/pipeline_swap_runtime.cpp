@@ -17,6 +17,16 @@ constexpr size_t kSlotAlignment = 64;  // bytes; keeps every mirror and arena vi
 
 size_t align_up(size_t n) { return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment; }
 
+// Chunks are multiples of this many elements, so that every chunk of a 2-byte state starts
+// 64-byte aligned in its mirror, as every arena piece does.
+constexpr int64_t kChunkQuantum = 32;
+
+size_t state_bytes(const UpdateUnit& unit) {
+  size_t bytes = 0;
+  for (const SwapSlot* s : unit.slots) bytes += s->nbytes();
+  return bytes;
+}
+
 }  // namespace
 
 /** H2D copies issued by prefetch_early() for the first `issued` batches of a planned step. */
@@ -189,6 +199,7 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::s
   std::vector<Batch> batches;
   std::unordered_set<const SwapSlot*> seen;
   size_t start = 0;
+  size_t in_segment = 0;  // position among the whole-unit batches since the last chunked one
   for (size_t size : batch_sizes) {
     Batch b;
     b.units = units.subspan(start, size);
@@ -197,6 +208,14 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::s
     for (UpdateUnit& u : b.units)
       for (SwapSlot* s : u.slots)
         if (seen.insert(s).second) b.slots.push_back(s);
+    if (size == 1 && b.units.front().chunk_elements > 0) {  // run_chunked stages it chunk by chunk
+      b.chunked = true;
+      in_segment = 0;
+      batches.push_back(std::move(b));
+      continue;
+    }
+    b.staged = config_.packed;
+    b.parity = in_segment++ % 2;
     if (!config_.packed) {
       for (SwapSlot* s : b.slots) b.resident += s->nbytes();
       batches.push_back(std::move(b));
@@ -230,7 +249,68 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::s
   return batches;
 }
 
-std::array<size_t, 3> PipelineSwapRuntime::arena_needs(const std::vector<Batch>& batches, size_t parity) const {
+std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_chunks(const Batch& unit_batch) const {
+  const UpdateUnit& unit = unit_batch.units.front();
+  std::vector<Batch> chunks;
+  for (Param* p : unit.params) {
+    std::vector<SwapSlot*> slots;  // the param's, in the unit's order
+    for (SwapSlot* s : unit_batch.slots)
+      if (s->param == p) slots.push_back(s);
+    const int64_t numel = p->data.numel();
+    for (int64_t begin = 0; begin == 0 || begin < numel; begin += unit.chunk_elements) {
+      Batch c;
+      c.units = unit_batch.units;
+      c.slots = slots;
+      c.staged = true;
+      c.chunk_param = p;
+      c.chunk_begin = begin;
+      c.chunk_end = std::min(numel, begin + unit.chunk_elements);
+      c.parity = chunks.size() % 2;
+      c.arena_offsets.assign(slots.size(), 0);
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const SwapSlot& s = *slots[i];
+        const size_t d = size_t(s.host.dtype());
+        const size_t size = dtype_size(s.host.dtype());
+        c.arena_offsets[i] = align_up(c.arena_bytes[d]);
+        c.runs[d].push_back({s.host_offset + size_t(c.chunk_begin) * size, s.host_offset + size_t(c.chunk_end) * size,
+                             c.arena_offsets[i]});
+        c.arena_bytes[d] = c.arena_offsets[i] + size_t(c.chunk_end - c.chunk_begin) * size;
+      }
+      chunks.push_back(std::move(c));
+    }
+  }
+  return chunks;
+}
+
+size_t PipelineSwapRuntime::chunk_arena_bytes(const UpdateUnit& unit, int64_t elements) const {
+  std::array<size_t, 3> arena{0, 0, 0};  // per dtype: the most one param's chunk takes
+  for (const Param* p : unit.params) {
+    std::array<size_t, 3> mine{0, 0, 0};
+    const size_t n = size_t(std::min(elements, p->data.numel()));
+    for (const SwapSlot* s : unit.slots)
+      if (s->param == p) mine[size_t(s->host.dtype())] += align_up(n * dtype_size(s->host.dtype()));
+    for (size_t d = 0; d < 3; ++d) arena[d] = std::max(arena[d], mine[d]);
+  }
+  return 2 * (arena[0] + arena[1] + arena[2]);
+}
+
+int64_t PipelineSwapRuntime::largest_chunk(const UpdateUnit& unit, size_t budget) const {
+  const auto fits = [&](int64_t elements) {
+    return size_t(unit.workspace_bytes) <= budget && chunk_arena_bytes(unit, elements) <= budget - size_t(unit.workspace_bytes);
+  };
+  int64_t most = kChunkQuantum;  // no chunk larger than the largest param is needed
+  for (const Param* p : unit.params) most = std::max(most, (p->data.numel() + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum);
+  if (!fits(kChunkQuantum)) return 0;
+  int64_t lo = 1, hi = most / kChunkQuantum;  // in quanta: lo fits; find the largest that does
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid * kChunkQuantum)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo * kChunkQuantum;
+}
+
+std::array<size_t, 3> PipelineSwapRuntime::arena_needs(std::span<const Batch> batches, size_t parity) const {
   std::array<size_t, 3> need{0, 0, 0};
   for (size_t i = parity; i < batches.size(); i += 2)
     for (size_t d = 0; d < 3; ++d) need[d] = std::max(need[d], batches[i].arena_bytes[d]);
@@ -252,29 +332,82 @@ size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>&
   return need;
 }
 
-std::vector<size_t> PipelineSwapRuntime::plan_batches(const std::vector<UpdateUnit>& units,
-                                                      const std::vector<int64_t>& costs) const {
+std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<UpdateUnit>& units,
+                                                                     const std::vector<int64_t>& costs, size_t budget,
+                                                                     size_t& smallest_need, size_t& need_workspace) const {
+  std::vector<size_t> sizes;
+  for (size_t begin = 0; begin < units.size();) {
+    if (units[begin].chunk_elements > 0) {
+      sizes.push_back(1);
+      ++begin;
+      continue;
+    }
+    size_t end = begin;
+    while (end < units.size() && units[end].chunk_elements == 0) ++end;
+    const std::vector<UpdateUnit> segment(units.begin() + long(begin), units.begin() + long(end));
+    const std::vector<int64_t> segment_costs(costs.begin() + long(begin), costs.begin() + long(end));
+    size_t workspace = 0;  // units run one at a time: the largest workspace is there on top of the state
+    for (const UpdateUnit& u : segment) workspace = std::max(workspace, size_t(u.workspace_bytes));
+    size_t least = SIZE_MAX;
+    for (size_t t = 1; t <= segment.size(); ++t) {
+      const std::vector<size_t> cut = partition(segment_costs, int(t));
+      const size_t need = resident_bytes_needed(segment, cut) + workspace;
+      if (need <= budget) {
+        sizes.insert(sizes.end(), cut.begin(), cut.end());
+        least = 0;
+        break;
+      }
+      if (need < least) {
+        least = need;
+        if (need < smallest_need) {
+          smallest_need = need;
+          need_workspace = workspace;
+        }
+      }
+    }
+    if (least != 0) return std::nullopt;
+    begin = end;
+  }
+  return sizes;
+}
+
+std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const {
+  for (UpdateUnit& u : units) u.chunk_elements = 0;
   if (!config_.device_budget_bytes) return partition(costs, config_.swap_times);
   const size_t budget = *config_.device_budget_bytes;
-  size_t workspace = 0;  // units run one at a time: the largest workspace is there on top of the state
-  for (const UpdateUnit& u : units) workspace = std::max(workspace, size_t(u.workspace_bytes));
-  for (const UpdateUnit& u : units) {
-    size_t bytes = 0;
-    for (const SwapSlot* s : u.slots) bytes += s->nbytes();
-    SWAPOPT_CHECK(bytes + size_t(u.workspace_bytes) <= budget,
-                  "[swap] device_budget_bytes " << budget << " is below an update unit: " << bytes << " bytes of state + "
-                                                << u.workspace_bytes << " bytes of workspace");
+  // A unit that does not fit whole is chunked; the others may be, largest state first, when no
+  // plan of whole units fits between the chunked ones.
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < units.size(); ++i) {
+    UpdateUnit& u = units[i];
+    const size_t bytes = state_bytes(u);
+    if (bytes + size_t(u.workspace_bytes) <= budget) {
+      if (u.chunkable && bytes > 0) candidates.push_back(i);
+      continue;
+    }
+    SWAPOPT_CHECK(u.chunkable, "[swap] device_budget_bytes " << budget << " is below an update unit that cannot run in chunks: "
+                                                             << bytes << " bytes of state + " << u.workspace_bytes
+                                                             << " bytes of workspace");
+    u.chunk_elements = largest_chunk(u, budget);
+    SWAPOPT_CHECK(u.chunk_elements > 0, "[swap] device_budget_bytes "
+                                            << budget << " is below an update unit even in chunks: " << u.workspace_bytes
+                                            << " bytes of workspace + " << chunk_arena_bytes(u, kChunkQuantum)
+                                            << " bytes for two chunks of " << kChunkQuantum << " elements of its "
+                                            << bytes << " bytes of state");
   }
-  size_t smallest_need = SIZE_MAX;
-  for (size_t t = 1; t <= units.size(); ++t) {
-    const std::vector<size_t> sizes = partition(costs, int(t));
-    const size_t need = resident_bytes_needed(units, sizes) + workspace;
-    if (need <= budget) return sizes;
-    smallest_need = std::min(smallest_need, need);
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](size_t a, size_t b) { return state_bytes(units[a]) > state_bytes(units[b]); });
+  size_t smallest_need = SIZE_MAX, need_workspace = 0;
+  for (size_t k = 0;; ++k) {
+    if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, smallest_need, need_workspace))
+      return *sizes;
+    while (k < candidates.size() && (units[candidates[k]].chunk_elements = largest_chunk(units[candidates[k]], budget)) == 0)
+      ++k;
+    if (k == candidates.size()) break;
   }
-  if (units.empty()) return {};
+  for (UpdateUnit& u : units) u.chunk_elements = 0;
   SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "
-                                             << "pipeline needs at least " << smallest_need << " bytes (" << workspace
+                                             << "pipeline needs at least " << smallest_need << " bytes (" << need_workspace
                                              << " of them the largest unit workspace)");
 }
 
@@ -330,7 +463,7 @@ void PipelineSwapRuntime::retire(ReportInFlight& set, bool force) {
   set.pending = false;
 }
 
-void PipelineSwapRuntime::allocate_arenas(const std::vector<Batch>& batches) {
+void PipelineSwapRuntime::allocate_arenas(std::span<const Batch> batches) {
   if (config_.retain_arenas) {
     // Each arena's bytes, plus what an allocator rounds a block up to (a CUDA pool maps 2 MiB
     // pages; the CPU backend rounds large blocks to 1 MiB).
@@ -379,8 +512,8 @@ size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to
 
 void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
   trace("h2d", index);
-  const size_t parity = index % 2;
-  if (!config_.packed) {
+  const size_t parity = batch.parity;
+  if (!batch.staged) {
     // The copy stream restores and fills device memory only after the compute stream's work so far
     // (including the frees of the batch before), so the stream-ordered allocator can reuse it.
     compute_mark_.record(compute_);
@@ -406,11 +539,11 @@ void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
 
 void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
   trace("wait_ready", index);
-  timed_wait(ready_[index % 2]);
-  if (config_.packed)
+  timed_wait(ready_[batch.parity]);
+  if (batch.staged && batch.chunk_param == nullptr)  // a chunk's views are made by run_chunked
     for (size_t i = 0; i < batch.slots.size(); ++i) {
       SwapSlot* s = batch.slots[i];
-      s->device.storage()->bind(static_cast<char*>(arenas_[index % 2][size_t(s->host.dtype())]->data()) + batch.arena_offsets[i]);
+      s->device.storage()->bind(static_cast<char*>(arenas_[batch.parity][size_t(s->host.dtype())]->data()) + batch.arena_offsets[i]);
     }
   for (SwapSlot* s : batch.slots) s->state = SlotState::device;
   batch.phase = Phase::loaded;
@@ -435,36 +568,35 @@ void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
   if (mirror_reader_) mirror_reader_->wait_released(batch.slots);
   compute_mark_.record(compute_);
   d2h_.wait(compute_mark_);
-  if (!config_.packed) {
+  if (!batch.staged) {
     for (SwapSlot* s : batch.slots) {
       ops::copy(d2h_, s->device, s->host);
       report_.d2h_bytes += s->nbytes();
       ++report_.d2h_copies;
     }
   } else {
-    report_.d2h_bytes += copy_runs(batch, index % 2, false);
+    report_.d2h_bytes += copy_runs(batch, batch.parity, false);
   }
   for (SwapSlot* s : batch.slots) s->state = SlotState::d2h;
-  offloaded_[index % 2].record(d2h_);
+  offloaded_[batch.parity].record(d2h_);
   last_offload_.record(d2h_);
   batch.phase = Phase::offloading;
 }
 
 void PipelineSwapRuntime::wait_offload(Batch& batch, size_t index) {
   trace("wait_offload", index);
-  timed_wait(offloaded_[index % 2]);
+  timed_wait(offloaded_[batch.parity]);
   // Released only now: the compute stream has waited for the D2H, so the free (stream-ordered on
   // the compute stream) cannot overtake the copy that reads the memory.
   for (SwapSlot* s : batch.slots) {
     s->device.storage()->release(&compute_);
     s->state = SlotState::host;
   }
-  if (!config_.packed) track_resident(-(long long)batch.resident);
+  if (!batch.staged) track_resident(-(long long)batch.resident);
   batch.phase = Phase::done;
 }
 
-void PipelineSwapRuntime::run_unpacked(std::vector<Batch>& batches,
-                                       const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+void PipelineSwapRuntime::run_unpacked(std::span<Batch> batches, const BatchStep& step) {
   if (batches[0].phase == Phase::idle) issue_h2d(batches[0], 0);
   for (size_t n = 0; n < batches.size(); ++n) {
     wait_ready(batches[n], n);
@@ -472,13 +604,13 @@ void PipelineSwapRuntime::run_unpacked(std::vector<Batch>& batches,
     if (n + 1 < batches.size()) issue_h2d(batches[n + 1], n + 1);
     trace("step", n);
     batches[n].phase = Phase::stepped;  // an exception inside counts as (partly) stepped
-    step_batch(batches[n].units);
+    step(batches[n], n);
     issue_d2h(batches[n], n);
   }
   wait_offload(batches.back(), batches.size() - 1);
 }
 
-void PipelineSwapRuntime::run_packed(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+void PipelineSwapRuntime::run_packed(std::span<Batch> batches, const BatchStep& step) {
   for (size_t i = 0; i < std::min<size_t>(2, batches.size()); ++i)
     if (batches[i].phase == Phase::idle) issue_h2d(batches[i], i);
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -486,7 +618,7 @@ void PipelineSwapRuntime::run_packed(std::vector<Batch>& batches, const std::fun
     if (i >= 2) wait_offload(batches[i - 2], i - 2);
     trace("step", i);
     batches[i].phase = Phase::stepped;
-    step_batch(batches[i].units);
+    step(batches[i], i);
     issue_d2h(batches[i], i);  // D2H(i), then H2D(i+2) into the same arena once D2H(i) has read it
     if (i + 2 < batches.size()) issue_h2d(batches[i + 2], i + 2);
   }
@@ -494,7 +626,34 @@ void PipelineSwapRuntime::run_packed(std::vector<Batch>& batches, const std::fun
   free_arenas();
 }
 
-void PipelineSwapRuntime::drain(std::vector<Batch>& batches) {
+void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapter) {
+  UpdateUnit& unit = unit_batch.units.front();
+  unit_batch.phase = Phase::done;  // its transfers are the chunks', drained here on an exception
+  std::vector<Batch> chunks = make_chunks(unit_batch);
+  adapter.begin_chunked_unit(unit);
+  allocate_arenas(chunks);
+  try {
+    run_packed(chunks, [&](Batch& c, size_t) {
+      StateChunk chunk;
+      chunk.param = c.chunk_param;
+      chunk.begin = c.chunk_begin;
+      chunk.end = c.chunk_end;
+      for (size_t i = 0; i < c.slots.size(); ++i) {
+        const SwapSlot& s = *c.slots[i];
+        const DType dtype = s.host.dtype();
+        chunk.staged.emplace(s.key, Tensor::on_storage(arenas_[c.parity][size_t(dtype)], int64_t(c.arena_offsets[i] / dtype_size(dtype)),
+                                                       {c.chunk_end - c.chunk_begin}, dtype));
+      }
+      adapter.step_chunk(unit, chunk);
+    });
+  } catch (...) {
+    drain(chunks);
+    throw;
+  }
+  adapter.finish_chunked_unit(unit);
+}
+
+void PipelineSwapRuntime::drain(std::span<Batch> batches) {
   for (size_t i = 0; i < batches.size(); ++i) {
     Batch& b = batches[i];
     switch (b.phase) {
@@ -506,7 +665,7 @@ void PipelineSwapRuntime::drain(std::vector<Batch>& batches) {
           s->device.storage()->release(&compute_);
           s->state = SlotState::host;
         }
-        if (!config_.packed) track_resident(-(long long)b.resident);
+        if (!b.staged) track_resident(-(long long)b.resident);
         b.phase = Phase::done;
         break;
       case Phase::stepped:  // units that ran hold new state, the rest the state they were loaded with
@@ -538,10 +697,12 @@ bool PipelineSwapRuntime::adopt_early_prefetch(std::vector<Batch>& batches) {
   if (!early_) return false;
   bool same = batches.size() >= early_->issued;
   for (size_t k = 0; same && k < early_->issued; ++k)
-    same = batches[k].slots == early_->batches[k].slots && batches[k].runs == early_->batches[k].runs;
-  if (same && config_.packed) {  // the early arenas must be large enough for every batch of the real plan
+    same = !batches[k].chunked && batches[k].slots == early_->batches[k].slots && batches[k].runs == early_->batches[k].runs;
+  if (same && config_.packed) {  // the early arenas must be large enough for every batch of the real plan's first segment
+    size_t first = 0;
+    while (first < batches.size() && !batches[first].chunked) ++first;
     for (size_t parity = 0; same && parity < 2; ++parity) {
-      const std::array<size_t, 3> need = arena_needs(batches, parity);
+      const std::array<size_t, 3> need = arena_needs(std::span<const Batch>(batches.data(), first), parity);
       for (size_t d = 0; same && d < 3; ++d)
         same = need[d] == 0 || (arenas_[parity][d] && arenas_[parity][d]->nbytes() >= need[d]);
     }
@@ -564,7 +725,7 @@ void PipelineSwapRuntime::discard_early_prefetch() {
       s->device.storage()->release(&compute_);
       s->state = SlotState::host;
     }
-    if (!config_.packed) track_resident(-(long long)early_->batches[k].resident);
+    if (!early_->batches[k].staged) track_resident(-(long long)early_->batches[k].resident);
   }
   free_arenas();
   early_.reset();
@@ -575,10 +736,14 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
   auto early = std::make_unique<EarlyPrefetch>();
   early->units.assign(units.begin(), units.end());
   early->batches = make_batches(early->units, batch_sizes);
-  if (early->batches.empty()) return;
+  // Only the batches before the first chunked unit (whose chunks run_chunked stages).
+  size_t first = 0;
+  while (first < early->batches.size() && !early->batches[first].chunked) ++first;
+  if (first == 0) return;
+  early->batches.resize(first);
   begin_report();
   if (config_.packed) allocate_arenas(early->batches);
-  early->issued = config_.packed ? std::min<size_t>(2, early->batches.size()) : 1;
+  early->issued = config_.packed ? std::min<size_t>(2, first) : 1;
   for (size_t k = 0; k < early->issued; ++k) issue_h2d(early->batches[k], k);
   early_ = std::move(early);
 }
@@ -590,8 +755,7 @@ void PipelineSwapRuntime::record_skipped_step() {
   end_report();
 }
 
-void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
-                              const std::function<void(std::span<UpdateUnit>)>& step_batch) {
+void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes, StateSwapAdapter& adapter) {
   std::vector<Batch> batches = make_batches(units, batch_sizes);
   if (!early_) begin_report();
   const bool adopted = adopt_early_prefetch(batches);
@@ -603,12 +767,24 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
     end_report();
     return;
   }
+  const BatchStep step_whole = [&](Batch& batch, size_t) { adapter.step_batch(batch.units); };
   try {
-    if (config_.packed) {
-      if (!adopted) allocate_arenas(batches);
-      run_packed(batches, step_batch);
-    } else {
-      run_unpacked(batches, step_batch);
+    // Segments of whole units, each double-buffered on its own, between chunked units.
+    for (size_t begin = 0; begin < batches.size();) {
+      if (batches[begin].chunked) {
+        run_chunked(batches[begin++], adapter);
+        continue;
+      }
+      size_t end = begin;
+      while (end < batches.size() && !batches[end].chunked) ++end;
+      const std::span<Batch> segment(batches.data() + begin, end - begin);
+      if (config_.packed) {
+        if (!(adopted && begin == 0)) allocate_arenas(segment);
+        run_packed(segment, step_whole);
+      } else {
+        run_unpacked(segment, step_whole);
+      }
+      begin = end;
     }
   } catch (...) {
     try {

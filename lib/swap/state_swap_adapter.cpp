@@ -1,5 +1,7 @@
 #include "swapopt/swap/state_swap_adapter.h"
 
+#include "swapopt/core/error.h"
+
 namespace swapopt {
 
 std::vector<int64_t> StateSwapAdapter::partition_costs(const std::vector<UpdateUnit>& units) const {
@@ -8,5 +10,13 @@ std::vector<int64_t> StateSwapAdapter::partition_costs(const std::vector<UpdateU
   for (const UpdateUnit& u : units) costs.push_back(u.logical_bytes);
   return costs;
 }
+
+void StateSwapAdapter::begin_chunked_unit(UpdateUnit&) { SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks"); }
+
+void StateSwapAdapter::step_chunk(UpdateUnit&, const StateChunk&) {
+  SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks");
+}
+
+void StateSwapAdapter::finish_chunked_unit(UpdateUnit&) { SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks"); }
 
 }  // namespace swapopt

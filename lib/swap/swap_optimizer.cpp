@@ -82,7 +82,7 @@ void SwapOptimizer::run_step(PlannedStep& plan) {
     return;
   }
   adapter_->begin_step();
-  runtime_.run(plan.units, plan.batch_sizes, [this](std::span<UpdateUnit> batch) { adapter_->step_batch(batch); });
+  runtime_.run(plan.units, plan.batch_sizes, *adapter_);
   adapter_->finish_step();
   optimizer().record_step_events();
 }

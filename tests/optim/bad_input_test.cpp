@@ -172,7 +172,7 @@ TEST_SUITE("bad input") {
       }
   }
 
-  TEST_CASE("a device budget below the largest unit: named error before anything changes") {
+  TEST_CASE("a device budget below a unit's workspace and two chunks: named error before anything changes") {
     auto params = model(false);
     Muon muon(Stream(Device::cpu()));
     muon.add_param_group(params);
@@ -183,7 +183,8 @@ TEST_SUITE("bad input") {
     set_grads(params, 1);
     const std::string before = snapshot(muon, params, swapped.get());
     CHECK(error_of([&] { swapped->step(); }) ==
-          "[swap] device_budget_bytes 1000 is below an update unit: 8192 bytes of state + 32776 bytes of workspace");
+          "[swap] device_budget_bytes 1000 is below an update unit even in chunks: 32776 bytes of workspace + 256 bytes "
+          "for two chunks of 32 elements of its 8192 bytes of state");
     CHECK(snapshot(muon, params, swapped.get()) == before);
     CHECK(muon.state().empty());
   }

@@ -1,6 +1,7 @@
 #pragma once
 /** AdamW as torch.optim.AdamW computes it (single-tensor order), f32 state for any param dtype. */
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,13 @@ class AdamW : public Optimizer {
   /** One parameter's update (state created as zeros if missing; its step += 1). The swap adapter
    *  calls this for each param of a unit. */
   void update_param(size_t group, Param& param);
+  /** update_param on elements [begin, end) of the flattened param (the same bits there): the
+   *  chunk that starts at 0 counts the param's step, so chunks must cover [0, numel) in order
+   *  within one step. `staged` holds the range of any state kept elsewhere (1-D, end - begin
+   *  elements, by key); other keys are read from the optimizer's own state. The swap adapter
+   *  calls this for a param too large for the device budget. */
+  void update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
+                          const std::map<std::string, Tensor>& staged);
 
  protected:
   void run_step() override;

@@ -172,6 +172,18 @@ class Muon : public Optimizer {
   /** Updates the momentum of `params` (one core shape, all with grads; buffers created as zeros
    *  if missing) and returns their stacked NS input [matrices, rows, cols] in the NS dtype. */
   Tensor update_momentum(size_t group, const std::vector<Param*>& params);
+  /** The stacked NS input of `params` (one core shape), not yet written: [matrices, rows, cols]
+   *  in the NS dtype. */
+  Tensor allocate_ns_input(size_t group, const std::vector<Param*>& params);
+  /** Each param's part of `ns_input` (from allocate_ns_input), viewed with the param's shape. */
+  std::vector<Tensor> ns_input_parts(const Tensor& ns_input, const std::vector<Param*>& params) const;
+  /** The momentum update of elements [begin, end) of `param` (flattened; the same bits there as
+   *  update_momentum) into `out_input`, end - begin elements of its NS input part.
+   *  `staged_buffer` is that range of the momentum buffer when it is kept elsewhere; undefined,
+   *  the optimizer's own buffer is used (created as zeros if missing). For the swap adapter's
+   *  chunked units; momentum_update_fn cannot run in chunks. */
+  void momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
+                      const Tensor& out_input);
   /** Writes each param's NS input (its momentum update, any shape with the param's numel) into
    *  `out_inputs[i]`, creating missing buffers as zeros. */
   void momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);

@@ -20,6 +20,10 @@ class AdamWSwapAdapter : public StateSwapAdapter {
   void begin_step() override;
   /** AdamW::update_param for each unit's parameter: the bare step's call. */
   void step_batch(std::span<UpdateUnit> batch) override;
+  /** Every unit is chunkable: its param's chunks run AdamW::update_param_chunk. */
+  void begin_chunked_unit(UpdateUnit& unit) override;
+  void step_chunk(UpdateUnit& unit, const StateChunk& chunk) override;
+  void finish_chunked_unit(UpdateUnit& unit) override;
 
  private:
   AdamW& adamw_;

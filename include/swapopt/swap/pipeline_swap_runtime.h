@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "swapopt/core/storage.h"
 #include "swapopt/core/stream.h"
 #include "swapopt/optim/optimizer.h"
+#include "swapopt/swap/state_swap_adapter.h"
 #include "swapopt/swap/swap_config.h"
 #include "swapopt/swap/swap_slot.h"
 
@@ -105,20 +107,23 @@ class PipelineSwapRuntime {
    *  greedy rule); returns the batch sizes. */
   static std::vector<size_t> partition(const std::vector<int64_t>& costs, int swap_times);
   /** Batch sizes for `units`: config.swap_times, or with a device budget the smallest count whose
-   *  resident bytes plus the largest unit workspace fit (throws naming the budget and the sizes
-   *  that do not fit). */
-  std::vector<size_t> plan_batches(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
+   *  resident bytes plus the largest unit workspace fit. A unit too large for the budget, or for
+   *  any plan of whole units, is chunked instead when it is chunkable (largest state first; its
+   *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
+   *  throws naming the budget and the sizes that do not fit. */
+  std::vector<size_t> plan_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
   /** Device bytes the pipeline holds at once for these batches: the largest two consecutive
    *  batches (unpacked), or the two staging arenas (packed, each as large as the largest batch of
    *  its parity, counting only the bytes of that batch's own slots). */
   size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
 
-  /** Runs the step: each batch's slots are device-resident exactly while `step_batch` runs it.
-   *  On an exception every transfer is drained, every slot is left host-resident (units that ran
-   *  hold their new state, the others their old; state created for a unit that never ran is
-   *  removed again, as the bare step would never have made it) and the exception is rethrown. */
-  void run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes,
-           const std::function<void(std::span<UpdateUnit>)>& step_batch);
+  /** Runs the step: each batch's slots are device-resident exactly while `adapter.step_batch`
+   *  runs it; a chunked unit's state streams through two staging arenas, one chunk per
+   *  `adapter.step_chunk`. On an exception every transfer is drained, every slot is left
+   *  host-resident (units that ran hold their new state, the others their old; state created for
+   *  a unit that never ran is removed again, as the bare step would never have made it) and the
+   *  exception is rethrown. */
+  void run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes, StateSwapAdapter& adapter);
   /** Issues the H2D of the first batches of a planned step now; run() continues from there when
    *  its first batches are the same, and otherwise waits for these copies and starts afresh. */
   void prefetch_early(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes);
@@ -163,7 +168,13 @@ class PipelineSwapRuntime {
   };
   enum class Phase { idle, loading, loaded, stepped, offloading, done };
   struct Batch {
-    std::span<UpdateUnit> units;
+    std::span<UpdateUnit> units;           // a chunk: its unit
+    bool staged = false;                   // copies go through the arenas (packed, or a chunk)
+    size_t parity = 0;                     // its arena and events: position in its segment (or chunk) % 2
+    bool chunked = false;                  // a chunked unit, alone: run_chunked cuts it into chunks
+    Param* chunk_param = nullptr;          // a chunk: its param and element range
+    int64_t chunk_begin = 0;
+    int64_t chunk_end = 0;
     std::vector<SwapSlot*> slots;          // unique, in unit order
     std::array<std::vector<Run>, 3> runs;  // packed: per dtype, in mirror order
     std::array<size_t, 3> arena_bytes{};   // packed: staging bytes per dtype
@@ -174,19 +185,37 @@ class PipelineSwapRuntime {
   struct EarlyPrefetch;
 
   std::vector<Batch> make_batches(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) const;
-  void allocate_arenas(const std::vector<Batch>& batches);
+  /** The chunks of a chunked unit's batch, in order: each param's [0, numel) cut every
+   *  chunk_elements, each slot's piece 64-byte aligned in the arena. */
+  std::vector<Batch> make_chunks(const Batch& unit_batch) const;
+  /** Staging bytes (both arenas) a unit needs in chunks of `elements`. */
+  size_t chunk_arena_bytes(const UpdateUnit& unit, int64_t elements) const;
+  /** The largest chunk (a multiple of kChunkQuantum elements) whose arenas fit beside the unit's
+   *  workspace in `budget`; 0 when none does. */
+  int64_t largest_chunk(const UpdateUnit& unit, size_t budget) const;
+  /** Batch sizes of every segment of whole units between chunked ones (each the smallest count
+   *  that fits `budget`), a chunked unit one batch; empty when a segment fits in no count (then
+   *  `smallest_need` is lowered to the least that segment needs). */
+  std::optional<std::vector<size_t>> fit_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
+                                                 size_t budget, size_t& smallest_need, size_t& need_workspace) const;
+  void allocate_arenas(std::span<const Batch> batches);
   void free_arenas();
   /** Packed: one copy per run between the host mirror and arena `parity`; returns bytes. */
   size_t copy_runs(const Batch& batch, size_t parity, bool to_device);
   /** Packed: the staging bytes per dtype that arena `parity` needs for `batches`. */
-  std::array<size_t, 3> arena_needs(const std::vector<Batch>& batches, size_t parity) const;
+  std::array<size_t, 3> arena_needs(std::span<const Batch> batches, size_t parity) const;
   void issue_h2d(Batch& batch, size_t index);
   void wait_ready(Batch& batch, size_t index);
   void issue_d2h(Batch& batch, size_t index);
   void wait_offload(Batch& batch, size_t index);
-  void drain(std::vector<Batch>& batches);
-  void run_unpacked(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch);
-  void run_packed(std::vector<Batch>& batches, const std::function<void(std::span<UpdateUnit>)>& step_batch);
+  void drain(std::span<Batch> batches);
+  /** Runs batches that are not chunked (their arenas allocated, packed); `step` runs batch i. */
+  using BatchStep = std::function<void(Batch& batch, size_t index)>;
+  void run_unpacked(std::span<Batch> batches, const BatchStep& step);
+  void run_packed(std::span<Batch> batches, const BatchStep& step);
+  /** A chunked unit: its chunks through two arenas (run_packed's schedule), between the
+   *  adapter's begin_chunked_unit and finish_chunked_unit. */
+  void run_chunked(Batch& unit_batch, StateSwapAdapter& adapter);
   /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
   bool adopt_early_prefetch(std::vector<Batch>& batches);
   void timed_wait(Event& event);

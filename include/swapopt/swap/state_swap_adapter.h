@@ -36,6 +36,15 @@ class StateSwapAdapter {
   /** Runs one batch of units, setting each unit's `done` once its state is updated; every slot
    *  they read is device-resident. */
   virtual void step_batch(std::span<UpdateUnit> batch) = 0;
+  /** A chunked unit (UpdateUnit::chunk_elements > 0; only units planned chunkable): called before
+   *  its first chunk. The defaults of these three throw: an adapter that marks no unit chunkable
+   *  needs none of them. */
+  virtual void begin_chunked_unit(UpdateUnit& unit);
+  /** One chunk of a chunked unit: its params in order, each param's chunks covering [0, numel) in
+   *  order (at least one chunk, also for an empty param); `chunk.staged` is device-resident. */
+  virtual void step_chunk(UpdateUnit& unit, const StateChunk& chunk);
+  /** After the last chunk of a chunked unit: the rest of its update; sets `done`. */
+  virtual void finish_chunked_unit(UpdateUnit& unit);
   /** After the last batch (e.g. waits for broadcasts). */
   virtual void finish_step() {}
 };

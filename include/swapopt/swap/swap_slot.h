@@ -1,6 +1,7 @@
 #pragma once
 /** One swappable state tensor of one parameter, and the unit of work that reads it. */
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,8 @@ struct SlotSpec {
   DType dtype = DType::f32;  ///< The state's dtype (the optimizer's state_dtype()).
 };
 
-/** An atomic piece of an optimizer step: the pipeline never splits it across batches. */
+/** A piece of an optimizer step: the pipeline never splits it across batches. A unit whose state
+ *  does not fit the device budget may instead run in element chunks (chunk_elements). */
 struct UpdateUnit {
   size_t group = 0;  ///< The optimizer's param group of every param of the unit.
   std::vector<Param*> params;               ///< updated by this unit, in schedule order
@@ -51,7 +53,24 @@ struct UpdateUnit {
   int64_t workspace_bytes = 0;
   std::vector<SwapSlot*> slots;             ///< filled by the runtime: swappable state the unit reads
   bool done = false;                        ///< set by the adapter once the unit has run
+  /** The adapter can run the unit chunk by chunk (StateSwapAdapter::step_chunk): its swapped
+   *  state is read and written element by element (AdamW, Muon's momentum). */
+  bool chunkable = false;
+  /** Set by the plan: 0, the unit runs whole; > 0, its state is too large for the device budget
+   *  and streams through two staging arenas this many elements of a param at a time. */
+  int64_t chunk_elements = 0;
   const HsdpAssignment* assignment = nullptr;  ///< Muon HSDP: the assignment this unit runs and flushes
+};
+
+/** One chunk of a chunked unit: elements [begin, end) of one param, flattened. */
+struct StateChunk {
+  Param* param = nullptr;  ///< The param of the chunk (one of the unit's).
+  int64_t begin = 0;       ///< First element of the range.
+  int64_t end = 0;         ///< One past the last element.
+  /** The range of each swapped state of the param on the device (1-D, end - begin elements), by
+   *  key. A key the group uses but does not swap (state_keys, min_numel) is absent: that state is
+   *  the optimizer's own device tensor. */
+  std::map<std::string, Tensor> staged;
 };
 
 }  // namespace swapopt

@@ -1,0 +1,223 @@
+// Chunked units: a unit whose state does not fit the device budget streams through the staging
+// arenas in chunks, with the same bits as the bare step and the budget held.
+#include "swap/swap_fixture.h"
+
+using namespace swapopt;
+
+namespace {
+
+/** Large params: two Muon units of one matrix, a batch of experts (3-D), a bf16 matrix, and a
+ *  small one that stays device-resident (min_numel). */
+std::vector<ParamPtr> big_model(uint32_t seed) {
+  return {make_param("embed", test::random_tensor({96, 80}, DType::f32, seed)),
+          make_param("experts", test::random_tensor({4, 40, 48}, DType::f32, seed + 1)),
+          make_param("proj", test::random_tensor({80, 96}, DType::bf16, seed + 2)),
+          make_param("head", test::random_tensor({64, 72}, DType::f32, seed + 3)),
+          make_param("gate", test::random_tensor({8, 16}, DType::f32, seed + 4))};
+}
+
+/** Grads for `step`; param i has none on some steps. */
+void set_grads(const std::vector<ParamPtr>& params, int step) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool skip = (i == 1 && step == 2) || (i == 3 && step % 3 == 0);
+    params[i]->grad = skip ? Tensor() : test::random_tensor(params[i]->data.shape(), DType::f32, 900 + 17 * uint32_t(step) + uint32_t(i));
+  }
+}
+
+std::unique_ptr<Optimizer> make_muon(const std::vector<ParamPtr>& params) {
+  auto muon = std::make_unique<Muon>(Stream(Device::cpu()));
+  muon->add_param_group({params[0], params[1], params[2]});
+  MuonOptions second;
+  second.nesterov = false;
+  second.momentum2 = 0.8;
+  muon->add_param_group({params[3], params[4]}, second);
+  return muon;
+}
+
+std::unique_ptr<Optimizer> make_adamw(const std::vector<ParamPtr>& params) {
+  auto adamw = std::make_unique<AdamW>(Stream(Device::cpu()));
+  adamw->add_param_group({params[0], params[1], params[2]});
+  AdamWOptions amsgrad;
+  amsgrad.amsgrad = true;
+  amsgrad.weight_decay = 0.05;
+  adamw->add_param_group({params[3], params[4]}, amsgrad);
+  return adamw;
+}
+
+std::unique_ptr<SwapOptimizer> wrap(Optimizer& optimizer, const SwapConfig& config) {
+  if (auto* muon = dynamic_cast<Muon*>(&optimizer)) return swap_muon(*muon, config);
+  return swap_adamw(dynamic_cast<AdamW&>(optimizer), config);
+}
+
+/** The largest unit's state bytes and the largest workspace of the first step's plan. */
+std::pair<size_t, size_t> largest_unit(SwapOptimizer& swapped) {
+  std::vector<UpdateUnit> units = swapped.adapter().plan_units(true);
+  swapped.runtime().attach_slots(units, swapped.optimizer(), true);
+  size_t state = 0, workspace = 0;
+  for (const UpdateUnit& u : units) {
+    size_t bytes = 0;
+    for (const SwapSlot* s : u.slots) bytes += s->nbytes();
+    state = std::max(state, bytes);
+    workspace = std::max(workspace, size_t(u.workspace_bytes));
+  }
+  return {state, workspace};
+}
+
+/** Steps bare and swapped copies `steps` times under `budget` (below every unit's state when
+ *  `divisor` is 10) and checks params and state bitwise and the budget after every step. */
+void check_chunked(std::unique_ptr<Optimizer> (*make)(const std::vector<ParamPtr>&), SwapConfig config, size_t divisor,
+                   bool prefetch, int steps = 5) {
+  auto bare_params = big_model(3), swap_params = big_model(3);
+  auto bare = make(bare_params);
+  auto inner = make(swap_params);
+  // The budget: the largest unit's state / divisor beside the largest workspace.
+  const auto [state, workspace] = largest_unit(*wrap(*make(big_model(3)), config));
+  config.device_budget_bytes = workspace + state / divisor;
+  auto swapped = wrap(*inner, config);
+  for (int step = 1; step <= steps; ++step) {
+    CAPTURE(step);
+    if (prefetch && step > 1) swapped->prefetch_early();
+    set_grads(bare_params, step);
+    set_grads(swap_params, step);
+    bare->step();
+    bare->stream().synchronize();
+    const size_t before = memory_stats(Device::cpu()).current_bytes;
+    reset_peak_memory(Device::cpu());
+    swapped->step();
+    swapped->synchronize();
+    const SwapStepReport report = swapped->last_report();
+    // Resident state and a unit's workspace are never both at their step maxima at once (a unit
+    // of a smaller workspace may run beside more state), so the report bounds each by the budget.
+    CHECK(report.peak_resident_bytes <= *config.device_budget_bytes);
+    // The allocator's peak: AdamW allocates nothing else once its state exists (unswapped keys
+    // are created at the first step). Muon's NS workspaces are counted until the CPU stream has
+    // run the ops holding them, however far the host has run ahead, so its peak says nothing here.
+    if (workspace == 0 && step > 1) CHECK(memory_stats(Device::cpu()).peak_bytes - before <= *config.device_budget_bytes);
+    CHECK(test::params_bitwise_equal(bare_params, swap_params));
+    CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    for (const auto& slot : swapped->runtime().slots()) CHECK(slot->state == SlotState::host);
+  }
+}
+
+/** AdamW's adapter, but no unit may run in chunks (as an HSDP assignment). */
+class WholeUnitsAdamW : public AdamWSwapAdapter {
+ public:
+  using AdamWSwapAdapter::AdamWSwapAdapter;
+  std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override {
+    std::vector<UpdateUnit> units = AdamWSwapAdapter::plan_units(assume_all_grads);
+    for (UpdateUnit& u : units) u.chunkable = false;
+    return units;
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("swap") {
+  TEST_CASE("chunked units: AdamW and Muon swapped under a budget of a tenth of a unit equal bare bitwise") {
+    for (auto make : {&make_adamw, &make_muon})
+      for (bool packed : {true, false})
+        for (bool prefetch : {false, true}) {
+          CAPTURE(make == &make_muon);
+          CAPTURE(packed);
+          CAPTURE(prefetch);
+          SwapConfig c;
+          c.packed = packed;
+          c.min_numel = 256;
+          check_chunked(make, c, 10, prefetch);
+        }
+  }
+
+  TEST_CASE("chunked units: a budget between chunked and whole units, and swapped keys that are a subset") {
+    for (size_t divisor : {2, 3})
+      for (bool packed : {true, false}) {
+        CAPTURE(divisor);
+        CAPTURE(packed);
+        SwapConfig c;
+        c.packed = packed;
+        c.min_numel = 256;
+        check_chunked(&make_muon, c, divisor, true);
+        c.state_keys = std::vector<std::string>{"exp_avg_sq"};  // exp_avg stays ordinary device state
+        check_chunked(&make_adamw, c, divisor * 4, false);
+      }
+  }
+
+  TEST_CASE("chunked units: the plan chunks only what does not fit, each chunked unit alone in its batch") {
+    auto params = big_model(5);
+    auto adamw = make_adamw(params);
+    SwapConfig c;
+    c.min_numel = 256;
+    c.device_budget_bytes = 48 * 1024;  // the largest unit has 96*80*4*2 = 61440 bytes of state
+    auto swapped = wrap(*adamw, c);
+    std::vector<UpdateUnit> units = swapped->adapter().plan_units(true);
+    swapped->runtime().attach_slots(units, swapped->optimizer(), true);
+    const std::vector<int64_t> costs = swapped->adapter().partition_costs(units);
+    const std::vector<size_t> sizes = swapped->runtime().plan_batches(units, costs);
+    size_t first = 0;
+    for (size_t size : sizes) {
+      const UpdateUnit& u = units[first];
+      size_t bytes = 0;
+      for (const SwapSlot* s : u.slots) bytes += s->nbytes();
+      if (bytes > *c.device_budget_bytes) {  // cannot run whole: chunked, alone
+        CHECK(u.chunk_elements > 0);
+        CHECK(size == 1);
+      }
+      if (u.chunk_elements > 0) {
+        CHECK(u.chunk_elements % 32 == 0);
+        CHECK(size_t(u.chunk_elements) * 4 * u.slots.size() * 2 <= *c.device_budget_bytes);  // two arenas
+      }
+      first += size;
+    }
+    CHECK(first == units.size());
+    // Without a budget nothing is chunked.
+    SwapConfig plain;
+    plain.min_numel = 256;
+    auto params2 = big_model(5);
+    auto adamw2 = make_adamw(params2);
+    auto unbounded = wrap(*adamw2, plain);
+    std::vector<UpdateUnit> units2 = unbounded->adapter().plan_units(true);
+    unbounded->runtime().attach_slots(units2, unbounded->optimizer(), true);
+    unbounded->runtime().plan_batches(units2, unbounded->adapter().partition_costs(units2));
+    for (const UpdateUnit& u : units2) CHECK(u.chunk_elements == 0);
+  }
+
+  TEST_CASE("chunked units: a budget too small even for chunks, or for units that cannot be chunked, names the sizes and changes nothing") {
+    auto params = big_model(7);
+    auto muon = make_muon(params);
+    SwapConfig c;
+    c.min_numel = 256;
+    c.device_budget_bytes = 2000;  // below every Muon unit's workspace
+    auto swapped = wrap(*muon, c);
+    set_grads(params, 1);
+    std::vector<UpdateUnit> units = swapped->adapter().plan_units(false);
+    swapped->runtime().attach_slots(units, swapped->optimizer(), true);
+    const UpdateUnit& first = units.front();  // "embed": one f32 matrix, one state
+    size_t bytes = 0;
+    for (const SwapSlot* s : first.slots) bytes += s->nbytes();
+    const std::string before = serialize_state_dict(swapped->state_dict());
+    std::vector<Tensor> data;
+    for (const ParamPtr& p : params) data.push_back(p->data.clone());
+    CHECK_THROWS_WITH_AS(swapped->step(),
+                         ("[swap] device_budget_bytes 2000 is below an update unit even in chunks: " +
+                          std::to_string(first.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
+                          "elements of its " + std::to_string(bytes) + " bytes of state")
+                             .c_str(),
+                         Error);
+    CHECK(serialize_state_dict(swapped->state_dict()) == before);
+    for (size_t i = 0; i < params.size(); ++i) CHECK(test::same_bits(params[i]->data, data[i]));
+
+    // Units that cannot be chunked keep the whole-unit rules.
+    auto params2 = big_model(7);
+    AdamW adamw{Stream(Device::cpu())};
+    adamw.add_param_group({params2[0], params2[1]});
+    SwapConfig whole;
+    whole.min_numel = 256;
+    whole.device_budget_bytes = 30000;  // below embed's 61440 bytes of state
+    SwapOptimizer unchunkable(std::make_unique<WholeUnitsAdamW>(adamw), whole);
+    set_grads(params2, 1);
+    CHECK_THROWS_WITH_AS(unchunkable.step(),
+                         "[swap] device_budget_bytes 30000 is below an update unit that cannot run in chunks: 61440 bytes "
+                         "of state + 0 bytes of workspace",
+                         Error);
+    CHECK(adamw.state().empty());
+  }
+}
