@@ -243,10 +243,28 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
     hooks_.post_update_fn(stream_, *p, p->data, {p->name, p->logical_shape(), o.lr, o.weight_decay, groups_[group].step});
 }
 
-void Muon::update_params(size_t group, const std::vector<Param*>& params) {
+void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
+  if (!write_momentum) {
+    for (const std::vector<Param*>& shape_group : group_by_shape(params))
+      for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))
+        process_unsharded_batch(group, batch, update_momentum(group, batch));
+    return;
+  }
+  // Every batch's NS input first, all written by one call, then Newton-Schulz batch by batch.
+  std::vector<std::vector<Param*>> batches;
+  std::vector<Tensor> stacked;
+  std::unordered_map<const Param*, Tensor> input_of;
   for (const std::vector<Param*>& shape_group : group_by_shape(params))
-    for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))
-      process_unsharded_batch(group, batch, update_momentum(group, batch));
+    for (std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group)) {
+      stacked.push_back(allocate_ns_input(group, batch));
+      const std::vector<Tensor> parts = ns_input_parts(stacked.back(), batch);
+      for (size_t i = 0; i < batch.size(); ++i) input_of.emplace(batch[i], parts[i]);
+      batches.push_back(std::move(batch));
+    }
+  std::vector<Tensor> inputs;
+  for (const Param* p : params) inputs.push_back(input_of.at(p));
+  write_momentum(inputs);
+  for (size_t k = 0; k < batches.size(); ++k) process_unsharded_batch(group, batches[k], stacked[k]);
 }
 
 void Muon::set_options(size_t group, const MuonOptions& options) { set_group_options(options_, group, options, name_); }

@@ -125,11 +125,12 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   hsdp_options_ = options;
 }
 
-void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params) {
+void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
+                             const MomentumWriter& write_momentum) {
   if (assignment.sharded()) {
-    update_sharded(assignment, params);
+    update_sharded(assignment, params, write_momentum);
   } else {
-    update_params(assignment.group, params);
+    update_params(assignment.group, params, write_momentum);
   }
 }
 
@@ -163,7 +164,7 @@ void Muon::check_shard_group_grads(const HsdpAssignment& a) {
                                     "shard group must step the same params");
 }
 
-void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params) {
+void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
   if (a.owned().empty()) return;  // this replica owns nothing here, and so does its whole shard group
   const DType dtype = ns_dtype(a.group);
   Communicator& shards = *a.shards;
@@ -204,7 +205,11 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < params.size(); ++i)
     inputs.push_back(send.narrow(0, pieces[i][me].packed, params[i]->data.numel()).view(params[i]->data.shape()));
-  momentum_into(a.group, params, inputs);
+  if (write_momentum) {
+    write_momentum(inputs);
+  } else {
+    momentum_into(a.group, params, inputs);
+  }
   stream_.synchronize();  // the collective reads `send` now
   shards.all_gather(send, gathered)->wait();
 

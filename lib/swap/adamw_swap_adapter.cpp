@@ -41,12 +41,11 @@ void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
   }
 }
 
-void AdamWSwapAdapter::begin_chunked_unit(UpdateUnit&) {}
-
-void AdamWSwapAdapter::step_chunk(UpdateUnit& unit, const StateChunk& chunk) {
-  adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+void AdamWSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_state) {
+  stream_state([&](const StateChunk& chunk) {
+    adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+  });
+  unit.done = true;
 }
-
-void AdamWSwapAdapter::finish_chunked_unit(UpdateUnit& unit) { unit.done = true; }
 
 }  // namespace swapopt

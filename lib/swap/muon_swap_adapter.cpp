@@ -32,7 +32,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
         unit.group = g;
         for (const Param* p : batch) unit.logical_bytes += shape_numel(p->logical_shape()) * int64_t(p->data.element_size());
         unit.workspace_bytes = muon_.workspace_bytes(g, batch);
-        unit.chunkable = true;  // an HSDP assignment below is not: its collectives take whole shards
+        unit.chunkable = true;
         unit.params = std::move(batch);
         units.push_back(std::move(unit));
       }
@@ -46,6 +46,7 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
     unit.assignment = &a;
     unit.logical_bytes = a.logical_bytes();
     unit.workspace_bytes = muon_.assignment_workspace_bytes(a);
+    unit.chunkable = true;
     for (Param* p : a.owned())
       if (assume_all_grads || p->has_grad()) unit.params.push_back(p);
     units.push_back(std::move(unit));
@@ -54,8 +55,6 @@ std::vector<UpdateUnit> MuonSwapAdapter::plan_units(bool assume_all_grads) const
 }
 
 void MuonSwapAdapter::begin_step() {
-  chunk_input_ = Tensor();  // left by a chunked unit that failed in the step before
-  chunk_parts_.clear();
   for (ParamGroup& g : muon_.param_groups()) g.step += 1;
   if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.stream(), muon_.hsdp_options().broadcast_buffer_bytes);
 }
@@ -79,24 +78,27 @@ void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
   }
 }
 
-void MuonSwapAdapter::begin_chunked_unit(UpdateUnit& unit) {
-  chunk_input_ = muon_.allocate_ns_input(unit.group, unit.params);
-  chunk_parts_ = muon_.ns_input_parts(chunk_input_, unit.params);
-}
-
-void MuonSwapAdapter::step_chunk(UpdateUnit& unit, const StateChunk& chunk) {
-  const size_t i = size_t(std::find(unit.params.begin(), unit.params.end(), chunk.param) - unit.params.begin());
-  SWAPOPT_CHECK(i < chunk_parts_.size(), "[swap] a chunk of '" << chunk.param->name << "', which is not in its unit");
-  const Tensor& part = chunk_parts_[i];
-  const auto staged = chunk.staged.find("momentum_buffer");
-  muon_.momentum_chunk(unit.group, *chunk.param, chunk.begin, chunk.end,
-                       staged != chunk.staged.end() ? staged->second : Tensor(),
-                       part.view({part.numel()}).narrow(0, chunk.begin, chunk.end - chunk.begin));
-}
-
-void MuonSwapAdapter::finish_chunked_unit(UpdateUnit& unit) {
-  const Tensor input = std::move(chunk_input_);
-  chunk_parts_.clear();
+void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_state) {
+  // Writes the unit's NS inputs (one per param, in unit.params order) chunk by chunk.
+  const Muon::MomentumWriter write_momentum = [&](const std::vector<Tensor>& inputs) {
+    stream_state([&](const StateChunk& chunk) {
+      const size_t i = size_t(std::find(unit.params.begin(), unit.params.end(), chunk.param) - unit.params.begin());
+      SWAPOPT_CHECK(i < inputs.size(), "[swap] a chunk of '" << chunk.param->name << "', which is not in its unit");
+      const Tensor& input = inputs[i];
+      const auto staged = chunk.staged.find("momentum_buffer");
+      muon_.momentum_chunk(unit.group, *chunk.param, chunk.begin, chunk.end,
+                           staged != chunk.staged.end() ? staged->second : Tensor(),
+                           input.view({input.numel()}).narrow(0, chunk.begin, chunk.end - chunk.begin));
+    });
+  };
+  if (unit.assignment != nullptr) {
+    muon_.update_assignment(*unit.assignment, unit.params, write_momentum);
+    unit.done = true;
+    muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
+    return;
+  }
+  const Tensor input = muon_.allocate_ns_input(unit.group, unit.params);
+  write_momentum(muon_.ns_input_parts(input, unit.params));
   muon_.process_unsharded_batch(unit.group, unit.params, input);
   unit.done = true;
   if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);

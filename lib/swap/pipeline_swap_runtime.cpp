@@ -630,27 +630,31 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
   UpdateUnit& unit = unit_batch.units.front();
   unit_batch.phase = Phase::done;  // its transfers are the chunks', drained here on an exception
   std::vector<Batch> chunks = make_chunks(unit_batch);
-  adapter.begin_chunked_unit(unit);
-  allocate_arenas(chunks);
-  try {
-    run_packed(chunks, [&](Batch& c, size_t) {
-      StateChunk chunk;
-      chunk.param = c.chunk_param;
-      chunk.begin = c.chunk_begin;
-      chunk.end = c.chunk_end;
-      for (size_t i = 0; i < c.slots.size(); ++i) {
-        const SwapSlot& s = *c.slots[i];
-        const DType dtype = s.host.dtype();
-        chunk.staged.emplace(s.key, Tensor::on_storage(arenas_[c.parity][size_t(dtype)], int64_t(c.arena_offsets[i] / dtype_size(dtype)),
-                                                       {c.chunk_end - c.chunk_begin}, dtype));
-      }
-      adapter.step_chunk(unit, chunk);
-    });
-  } catch (...) {
-    drain(chunks);
-    throw;
-  }
-  adapter.finish_chunked_unit(unit);
+  bool streamed = false;
+  adapter.step_chunked(unit, [&](const StateSwapAdapter::ChunkStep& step) {
+    SWAPOPT_CHECK(!streamed, "[swap] a chunked unit streams its state once per step");
+    streamed = true;
+    allocate_arenas(chunks);
+    try {
+      run_packed(chunks, [&](Batch& c, size_t) {
+        StateChunk chunk;
+        chunk.param = c.chunk_param;
+        chunk.begin = c.chunk_begin;
+        chunk.end = c.chunk_end;
+        for (size_t i = 0; i < c.slots.size(); ++i) {
+          const SwapSlot& s = *c.slots[i];
+          const DType dtype = s.host.dtype();
+          chunk.staged.emplace(s.key, Tensor::on_storage(arenas_[c.parity][size_t(dtype)],
+                                                         int64_t(c.arena_offsets[i] / dtype_size(dtype)),
+                                                         {c.chunk_end - c.chunk_begin}, dtype));
+        }
+        step(chunk);
+      });
+    } catch (...) {
+      drain(chunks);
+      throw;
+    }
+  });
 }
 
 void PipelineSwapRuntime::drain(std::span<Batch> batches) {

@@ -11,12 +11,8 @@ std::vector<int64_t> StateSwapAdapter::partition_costs(const std::vector<UpdateU
   return costs;
 }
 
-void StateSwapAdapter::begin_chunked_unit(UpdateUnit&) { SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks"); }
-
-void StateSwapAdapter::step_chunk(UpdateUnit&, const StateChunk&) {
+void StateSwapAdapter::step_chunked(UpdateUnit&, const StateStream&) {
   SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks");
 }
-
-void StateSwapAdapter::finish_chunked_unit(UpdateUnit&) { SWAPOPT_FAIL("[swap] this adapter cannot run a unit in chunks"); }
 
 }  // namespace swapopt

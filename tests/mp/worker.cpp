@@ -210,19 +210,45 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
   SwapConfig config;
   config.swap_times = 3;
   auto swapped = swap_muon(inner, config);
+  // Swapped again under a device budget just above this rank's largest unit workspace: a unit
+  // with more state than 512 bytes beside it (replicated, sharded or local) streams it in chunks.
+  auto chunk_params = hsdp_model(mesh, true);
+  Muon chunk_inner(Stream(Device::cpu()));
+  chunk_inner.add_param_group(chunk_params);
+  chunk_inner.enable_hsdp(comm, options);
+  SwapConfig chunk_config;
+  chunk_config.min_numel = 64;
+  int64_t workspace = 0;
+  for (const UpdateUnit& u : MuonSwapAdapter(chunk_inner).plan_units(true)) workspace = std::max(workspace, u.workspace_bytes);
+  chunk_config.device_budget_bytes = size_t(workspace) + 512;
+  auto chunked = swap_muon(chunk_inner, chunk_config);
   for (int step = 1; step <= 3; ++step) {
     hsdp_grads(ref_params, step, nullptr);
     hsdp_grads(bare_params, step, mesh.get());
     hsdp_grads(swap_params, step, mesh.get());
+    hsdp_grads(chunk_params, step, mesh.get());
     ref.step();
     bare.step();
     swapped->step();
+    chunked->step();
     ref.stream().synchronize();
     bare.stream().synchronize();
     inner.stream().synchronize();
+    chunk_inner.stream().synchronize();
     expect(same_as_reference(bare_params, ref_params, *mesh), "HSDP equals single-process Muon at step " + std::to_string(step));
     expect(same(bare_params, swap_params), "swapped HSDP equals bare HSDP at step " + std::to_string(step));
+    expect(same(bare_params, chunk_params), "chunked swapped HSDP equals bare HSDP at step " + std::to_string(step));
   }
+  {
+    std::vector<UpdateUnit> units = chunked->adapter().plan_units(true);
+    chunked->runtime().attach_slots(units, chunked->optimizer(), false);
+    chunked->runtime().plan_batches(units, chunked->adapter().partition_costs(units));
+    int64_t chunked_units = 0;
+    for (const UpdateUnit& u : units) chunked_units += u.chunk_elements > 0 ? 1 : 0;
+    std::printf("rank %d: %lld of %zu units chunked\n", comm->rank(), (long long)chunked_units, units.size());
+    expect(chunked_units > 0, "some unit is chunked");
+  }
+  expect(serialize_state_dict(bare.state_dict()) == serialize_state_dict(chunked->state_dict()), "chunked swapped state equals bare");
   size_t owned = 0;
   for (const HsdpAssignment& a : bare.hsdp_schedule())
     for (size_t i = 0; i < a.params.size(); ++i) {

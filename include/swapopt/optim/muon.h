@@ -150,17 +150,24 @@ class Muon : public Optimizer {
   /** Params of `group` updated locally: all of them without HSDP (a sharded one is an error then),
    *  those without a layout with it. */
   std::vector<Param*> local_params(size_t group) const;
+  /** Writes the NS input of each param (`inputs[i]`, shaped like `params[i]`'s data) in place of
+   *  momentum_into: the swap adapter streams a chunked unit's momentum through it. */
+  using MomentumWriter = std::function<void(const std::vector<Tensor>& inputs)>;
   /** Momentum, Newton-Schulz and update of `params` (owned params of `assignment` with grads;
    *  the same list on every rank of the shard group). Sharded: all-gather, NS by the computing
-   *  ranks, broadcast of the updates, each rank's slice applied (synchronises the stream). */
-  void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params);
+   *  ranks, broadcast of the updates, each rank's slice applied (synchronises the stream). With
+   *  `write_momentum`, every NS input of the assignment is allocated first and written by it,
+   *  once (the same bits as momentum_into). */
+  void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
+                         const MomentumWriter& write_momentum = {});
   /** After update_assignment: post_update_fn for `owned_with_grad`, then the broadcast of every
    *  param of the assignment from its owner (packed on the stream, after the update). */
   void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                          const std::vector<Param*>& owned_with_grad);
 
-  /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe batch. */
-  void update_params(size_t group, const std::vector<Param*>& params);
+  /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe
+   *  batch; with `write_momentum`, as update_assignment says. */
+  void update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum = {});
 
   // The schedule, in the pieces the swap adapter replays (same functions, same order).
 
@@ -221,7 +228,8 @@ class Muon : public Optimizer {
   /** param = decay * param - lr * scale * update, `update` shaped like the local param and
    *  `logical` the full matrix shape the scale comes from. */
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
-  void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params);
+  void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params,
+                      const MomentumWriter& write_momentum);
   /** Collective in a's shard group: every rank steps the same owned params of `a`. */
   void check_shard_group_grads(const HsdpAssignment& a);
 

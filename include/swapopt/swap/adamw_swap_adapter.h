@@ -21,9 +21,7 @@ class AdamWSwapAdapter : public StateSwapAdapter {
   /** AdamW::update_param for each unit's parameter: the bare step's call. */
   void step_batch(std::span<UpdateUnit> batch) override;
   /** Every unit is chunkable: its param's chunks run AdamW::update_param_chunk. */
-  void begin_chunked_unit(UpdateUnit& unit) override;
-  void step_chunk(UpdateUnit& unit, const StateChunk& chunk) override;
-  void finish_chunked_unit(UpdateUnit& unit) override;
+  void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override;
 
  private:
   AdamW& adamw_;

@@ -25,20 +25,17 @@ class MuonSwapAdapter : public StateSwapAdapter {
    *  an HSDP unit is one whole assignment (update_assignment, then finish_assignment:
    *  post_update_fn and the broadcast). */
   void step_batch(std::span<UpdateUnit> batch) override;
-  /** Chunked (unsharded units only): the NS input is allocated whole, each chunk's momentum is
-   *  written into its range (Muon::momentum_chunk), then Newton-Schulz and the update run on the
-   *  whole input as in step_batch. */
-  void begin_chunked_unit(UpdateUnit& unit) override;
-  void step_chunk(UpdateUnit& unit, const StateChunk& chunk) override;
-  void finish_chunked_unit(UpdateUnit& unit) override;
+  /** Chunked: the unit's NS inputs are allocated whole and each chunk's momentum is written into
+   *  its range (Muon::momentum_chunk); Newton-Schulz, the update and, for an HSDP assignment, its
+   *  collectives then run on the whole inputs as in step_batch (Muon::update_assignment with a
+   *  MomentumWriter). */
+  void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override;
   /** Waits for the step's broadcasts. */
   void finish_step() override;
 
  private:
   Muon& muon_;
   std::unique_ptr<AsyncReplicateBroadcaster> broadcaster_;  // per step, with HSDP
-  Tensor chunk_input_;               // a chunked unit's NS input, while its chunks run
-  std::vector<Tensor> chunk_parts_;  // its part per param of the unit
 };
 
 }  // namespace swapopt

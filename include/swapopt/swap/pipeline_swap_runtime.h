@@ -118,8 +118,8 @@ class PipelineSwapRuntime {
   size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
 
   /** Runs the step: each batch's slots are device-resident exactly while `adapter.step_batch`
-   *  runs it; a chunked unit's state streams through two staging arenas, one chunk per
-   *  `adapter.step_chunk`. On an exception every transfer is drained, every slot is left
+   *  runs it; a chunked unit's state streams through two staging arenas, one chunk at a time,
+   *  inside `adapter.step_chunked`. On an exception every transfer is drained, every slot is left
    *  host-resident (units that ran hold their new state, the others their old; state created for
    *  a unit that never ran is removed again, as the bare step would never have made it) and the
    *  exception is rethrown. */
@@ -213,8 +213,8 @@ class PipelineSwapRuntime {
   using BatchStep = std::function<void(Batch& batch, size_t index)>;
   void run_unpacked(std::span<Batch> batches, const BatchStep& step);
   void run_packed(std::span<Batch> batches, const BatchStep& step);
-  /** A chunked unit: its chunks through two arenas (run_packed's schedule), between the
-   *  adapter's begin_chunked_unit and finish_chunked_unit. */
+  /** A chunked unit: the adapter's step_chunked, whose state stream runs the chunks through two
+   *  arenas on run_packed's schedule. */
   void run_chunked(Batch& unit_batch, StateSwapAdapter& adapter);
   /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
   bool adopt_early_prefetch(std::vector<Batch>& batches);

@@ -2,6 +2,7 @@
 /** What the swap runtime needs from one optimizer family. The adapter coordinates; the math stays
  *  in the optimizer's own methods (the swapped step calls exactly the functions the bare step does). */
 
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,15 +37,16 @@ class StateSwapAdapter {
   /** Runs one batch of units, setting each unit's `done` once its state is updated; every slot
    *  they read is device-resident. */
   virtual void step_batch(std::span<UpdateUnit> batch) = 0;
-  /** A chunked unit (UpdateUnit::chunk_elements > 0; only units planned chunkable): called before
-   *  its first chunk. The defaults of these three throw: an adapter that marks no unit chunkable
-   *  needs none of them. */
-  virtual void begin_chunked_unit(UpdateUnit& unit);
-  /** One chunk of a chunked unit: its params in order, each param's chunks covering [0, numel) in
-   *  order (at least one chunk, also for an empty param); `chunk.staged` is device-resident. */
-  virtual void step_chunk(UpdateUnit& unit, const StateChunk& chunk);
-  /** After the last chunk of a chunked unit: the rest of its update; sets `done`. */
-  virtual void finish_chunked_unit(UpdateUnit& unit);
+  /** Updates one chunk of a chunked unit's state. */
+  using ChunkStep = std::function<void(const StateChunk& chunk)>;
+  /** Streams a chunked unit's state through the device, calling its argument for every chunk: the
+   *  unit's params in order, each param's chunks covering [0, numel) in order (at least one, also
+   *  for an empty param), each chunk's `staged` state device-resident while the call runs. */
+  using StateStream = std::function<void(const ChunkStep& step)>;
+  /** Runs a chunked unit (UpdateUnit::chunk_elements > 0; only units planned chunkable): the
+   *  unit's update, calling `stream_state` once, where it reads and writes the state, and setting
+   *  `done`. The default throws: an adapter that marks no unit chunkable needs none. */
+  virtual void step_chunked(UpdateUnit& unit, const StateStream& stream_state);
   /** After the last batch (e.g. waits for broadcasts). */
   virtual void finish_step() {}
 };

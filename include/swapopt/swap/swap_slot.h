@@ -53,7 +53,7 @@ struct UpdateUnit {
   int64_t workspace_bytes = 0;
   std::vector<SwapSlot*> slots;             ///< filled by the runtime: swappable state the unit reads
   bool done = false;                        ///< set by the adapter once the unit has run
-  /** The adapter can run the unit chunk by chunk (StateSwapAdapter::step_chunk): its swapped
+  /** The adapter can run the unit chunk by chunk (StateSwapAdapter::step_chunked): its swapped
    *  state is read and written element by element (AdamW, Muon's momentum). */
   bool chunkable = false;
   /** Set by the plan: 0, the unit runs whole; > 0, its state is too large for the device budget
