@@ -54,7 +54,13 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, cons
   SWAPOPT_CHECK(c.is_contiguous(), "[" << op << "] output " << c.str() << " must be contiguous");
 }
 
-int64_t matrices_in(const Tensor& x) { return x.dim() < 2 ? 1 : x.numel() / std::max<int64_t>(1, x.size(-1) * x.size(-2)); }
+/** The product of the leading dims (1 for a matrix or fewer dims): also for matrices of 0 rows or
+ *  columns, which hold no elements. */
+int64_t matrices_in(const Tensor& x) {
+  int64_t count = 1;
+  for (int64_t d = 0; d + 2 < x.dim(); ++d) count *= x.size(d);
+  return count;
+}
 
 }  // namespace
 
@@ -122,6 +128,10 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
   SWAPOPT_CHECK(x.is_contiguous(), "[frobenius_norm] x " << x.str() << " must be contiguous");
   SWAPOPT_CHECK(out_norms.dtype() == DType::f32 && out_norms.is_contiguous() && out_norms.numel() == matrices_in(x),
                 "[frobenius_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got " << out_norms.str());
+  if (x.numel() == 0) {  // matrices without elements (or none): norms of 0
+    fill_zero(stream, out_norms);
+    return;
+  }
   if (stream.device().is_cpu()) {
     cpu::frobenius_norm(stream, x, out_norms);
   } else {
@@ -154,6 +164,7 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
   SWAPOPT_CHECK(norms.dtype() == DType::f32 && norms.is_contiguous() && norms.numel() == matrices_in(x),
                 "[scale_by_inverse_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got "
                                                                              << norms.str());
+  if (x.numel() == 0) return;
   if (stream.device().is_cpu()) {
     cpu::scale_by_inverse_norm(stream, x, norms, eps);
   } else {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -62,6 +63,7 @@ uint32_t crc32_of(const void* data, size_t size) { return crc32_update(uint32_t(
 // Bounds that keep a corrupt header from asking for absurd sizes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int64_t kMaxDims = 8;
+constexpr uint64_t kMaxEmptyExtent = uint64_t(1) << 32;  // the product of an empty tensor's nonzero dims
 
 }  // namespace
 
@@ -152,13 +154,18 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const auto& dims = json::get_array(json::member(entry, "shape", what), what + " shape");
     SWAPOPT_CHECK(int64_t(dims.size()) <= kMaxDims, "[checkpoint] " << what << " has " << dims.size() << " dims");
     Shape shape;
-    uint64_t numel = 1;
-    for (const json::Value& d : dims) {
-      const int64_t dim = json::get_int(d, what + " shape");
-      SWAPOPT_CHECK(dim >= 0 && dim <= int64_t(data_size), "[checkpoint] " << what << " has bad dim " << dim);
-      shape.push_back(dim);
+    for (const json::Value& d : dims) shape.push_back(json::get_int(d, what + " shape"));
+    // A dim is at most the data bytes; in an empty tensor (a dim of 0, no bytes) the other dims,
+    // which its strides multiply, at most kMaxEmptyExtent together.
+    const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+    uint64_t numel = 1, extent = 1;
+    for (const int64_t dim : shape) {
+      SWAPOPT_CHECK(dim >= 0 && (empty ? uint64_t(dim) <= kMaxEmptyExtent / extent : dim <= int64_t(data_size)),
+                    "[checkpoint] " << what << " has bad dim " << dim);
+      if (dim > 0) extent *= uint64_t(dim);
       numel = dim == 0 ? 0 : (numel > data_size / uint64_t(dim) ? data_size + 1 : numel * uint64_t(dim));
     }
+    if (empty) numel = 0;
     const auto& offsets = json::get_array(json::member(entry, "data_offsets", what), what + " data_offsets");
     SWAPOPT_CHECK(offsets.size() == 2, "[checkpoint] " << what << " needs two data_offsets");
     const int64_t begin = json::get_int(offsets[0], what + " data_offsets"), end = json::get_int(offsets[1], what + " data_offsets");

@@ -76,17 +76,19 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
   SWAPOPT_CHECK(slots_.empty(), "[swap] the runtime is already built");
   optimizer_ = &optimizer;
   std::array<size_t, 3> totals{0, 0, 0};
+  std::array<bool, 3> used{false, false, false};  // a dtype with only empty slots still needs a (0-byte) buffer
   std::vector<const SlotSpec*> kept;
   std::vector<size_t> offsets;
   for (const SlotSpec& spec : layout) {
     if (spec.param->data.numel() < config_.min_numel) continue;  // tiny: stays ordinary device state
     const size_t d = size_t(spec.dtype);
     offsets.push_back(totals[d]);
+    used[d] = true;
     totals[d] += align_up(size_t(spec.param->data.numel()) * dtype_size(spec.dtype));
     kept.push_back(&spec);
   }
   for (size_t d = 0; d < 3; ++d)
-    if (totals[d] > 0) host_buffers_[d] = std::make_shared<Storage>(totals[d], Device::cpu(), pinned_host_allocator());
+    if (used[d]) host_buffers_[d] = std::make_shared<Storage>(totals[d], Device::cpu(), pinned_host_allocator());
   std::vector<SwapSlot*> adopted;
   for (size_t i = 0; i < kept.size(); ++i) {
     const SlotSpec& spec = *kept[i];
@@ -253,9 +255,9 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_chunks(const B
   const UpdateUnit& unit = unit_batch.units.front();
   std::vector<Batch> chunks;
   for (Param* p : unit.params) {
-    std::vector<SwapSlot*> slots;  // the param's, in the unit's order
+    std::vector<SwapSlot*> slots;  // the param's, in the unit's order; an empty state has no bytes to stage
     for (SwapSlot* s : unit_batch.slots)
-      if (s->param == p) slots.push_back(s);
+      if (s->param == p && s->nbytes() > 0) slots.push_back(s);
     const int64_t numel = p->data.numel();
     for (int64_t begin = 0; begin == 0 || begin < numel; begin += unit.chunk_elements) {
       Batch c;
@@ -543,6 +545,7 @@ void PipelineSwapRuntime::wait_ready(Batch& batch, size_t index) {
   if (batch.staged && batch.chunk_param == nullptr)  // a chunk's views are made by run_chunked
     for (size_t i = 0; i < batch.slots.size(); ++i) {
       SwapSlot* s = batch.slots[i];
+      if (s->nbytes() == 0) continue;  // a 0-byte storage is never released, and its dtype may have no arena
       s->device.storage()->bind(static_cast<char*>(arenas_[batch.parity][size_t(s->host.dtype())]->data()) + batch.arena_offsets[i]);
     }
   for (SwapSlot* s : batch.slots) s->state = SlotState::device;

@@ -99,7 +99,24 @@ void check_chunked(std::unique_ptr<Optimizer> (*make)(const std::vector<ParamPtr
   }
 }
 
-/** AdamW's adapter, but no unit may run in chunks (as an HSDP assignment). */
+/** AdamW's adapter whose chunk step throws at the `fail_at`-th chunk of the step it is armed for. */
+class FailingChunks : public AdamWSwapAdapter {
+ public:
+  FailingChunks(AdamW& adamw, int* fail_at) : AdamWSwapAdapter(adamw), adamw_(adamw), fail_at_(fail_at) {}
+  void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override {
+    stream_state([&](const StateChunk& chunk) {
+      if (*fail_at_ > 0 && --*fail_at_ == 0) throw Error("injected chunk failure");
+      adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+    });
+    unit.done = true;
+  }
+
+ private:
+  AdamW& adamw_;
+  int* fail_at_;
+};
+
+/** AdamW's adapter, but no unit may run in chunks. */
 class WholeUnitsAdamW : public AdamWSwapAdapter {
  public:
   using AdamWSwapAdapter::AdamWSwapAdapter;
@@ -219,5 +236,96 @@ TEST_SUITE("swap") {
                          "of state + 0 bytes of workspace",
                          Error);
     CHECK(adamw.state().empty());
+  }
+
+  TEST_CASE("chunked units: empty params and empty states of any dtype, whole or chunked") {
+    // Muon groups {4, 40, 48} f32 and {0, 40, 48} bf16 into one unit (one core shape); with
+    // min_numel 0 the empty one has a 0-byte slot of a dtype no other slot of its chunk uses.
+    const auto model = [](uint32_t seed) {
+      return std::vector<ParamPtr>{make_param("a", test::random_tensor({4, 40, 48}, DType::f32, seed)),
+                                   make_param("e", Tensor::zeros({0, 40, 48}, DType::bf16, Device::cpu())),
+                                   make_param("b", test::random_tensor({32, 32}, DType::bf16, seed + 1)),
+                                   make_param("z", Tensor::zeros({3, 0}, DType::f32, Device::cpu()))};
+    };
+    for (bool packed : {true, false})
+      for (bool budget : {false, true})
+        for (bool adamw : {false, true}) {
+          CAPTURE(packed);
+          CAPTURE(budget);
+          CAPTURE(adamw);
+          auto bare_params = model(3), swap_params = model(3);
+          std::unique_ptr<Optimizer> bare, inner;
+          if (adamw) {
+            auto make = [](const std::vector<ParamPtr>& params) {
+              auto o = std::make_unique<AdamW>(Stream(Device::cpu()));
+              o->add_param_group(params);
+              return o;
+            };
+            bare = make(bare_params);
+            inner = make(swap_params);
+          } else {
+            auto make = [](const std::vector<ParamPtr>& params) {
+              auto o = std::make_unique<Muon>(Stream(Device::cpu()));
+              o->add_param_group(params);
+              return o;
+            };
+            bare = make(bare_params);
+            inner = make(swap_params);
+          }
+          SwapConfig c;
+          c.packed = packed;
+          c.min_numel = 0;
+          c.swap_times = 2;
+          if (budget) {
+            const size_t workspace = largest_unit(*wrap(*inner, c)).second;
+            c.device_budget_bytes = workspace + 4096;  // below the state of "a": chunked
+          }
+          auto swapped = wrap(*inner, c);
+          for (int step = 1; step <= 3; ++step) {
+            for (size_t i = 0; i < bare_params.size(); ++i) {
+              bare_params[i]->grad = test::random_tensor(bare_params[i]->data.shape(), DType::f32, 70 + uint32_t(step * 5 + i));
+              swap_params[i]->grad = bare_params[i]->grad;
+            }
+            bare->step();
+            swapped->step();
+            swapped->synchronize();
+            bare->stream().synchronize();
+            CHECK(test::params_bitwise_equal(bare_params, swap_params));
+          }
+          CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+        }
+  }
+
+  TEST_CASE("chunked units: a failure at a chunk drains every transfer, frees the arenas, and the next step runs") {
+    for (bool packed : {true, false})
+      for (int fail_at : {1, 2, 5}) {
+        CAPTURE(packed);
+        CAPTURE(fail_at);
+        auto params = big_model(9);
+        AdamW adamw{Stream(Device::cpu())};
+        adamw.add_param_group({params[0], params[1], params[2], params[3]});
+        SwapConfig c;
+        c.packed = packed;
+        c.min_numel = 256;
+        c.device_budget_bytes = 16 * 1024;  // every unit chunked, several chunks each
+        int armed = 0;
+        SwapOptimizer swapped(std::make_unique<FailingChunks>(adamw, &armed), c);
+        set_grads(params, 1);
+        swapped.step();
+        swapped.synchronize();
+        armed = fail_at;
+        set_grads(params, 2);
+        const size_t device_bytes = memory_stats(Device::cpu()).current_bytes;
+        CHECK_THROWS_WITH_AS(swapped.step(), "injected chunk failure", Error);
+        swapped.synchronize();
+        for (const auto& slot : swapped.runtime().slots()) {
+          CHECK(slot->state == SlotState::host);
+          CHECK(slot->device.is_released());
+        }
+        CHECK(memory_stats(Device::cpu()).current_bytes == device_bytes);  // no arena left behind
+        swapped.step();  // the next step runs
+        swapped.synchronize();
+        CHECK(memory_stats(Device::cpu()).current_bytes == device_bytes);
+      }
   }
 }

@@ -83,6 +83,7 @@ Case make_case(uint32_t seed) {
       shape = {dims[rng() % 11], dims[rng() % 11]};
     }
     if (shape.size() == 2 && rng() % 5 == 0) shape.insert(shape.begin(), int64_t(1 + rng() % 3));  // a batch of matrices
+    if (rng() % 24 == 0) shape.front() = 0;  // an empty param (a 0-byte state, if swapped)
     if (shape.size() >= 2) cores.push_back({shape[shape.size() - 2], shape.back()});
     // Names that route: "embed"/"norm" send a matrix to AdamW in MuonWithAdamW.
     const char* stems[] = {"w", "embed", "norm", "proj"};

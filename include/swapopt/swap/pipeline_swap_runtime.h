@@ -112,9 +112,10 @@ class PipelineSwapRuntime {
    *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
    *  throws naming the budget and the sizes that do not fit. */
   std::vector<size_t> plan_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
-  /** Device bytes the pipeline holds at once for these batches: the largest two consecutive
-   *  batches (unpacked), or the two staging arenas (packed, each as large as the largest batch of
-   *  its parity, counting only the bytes of that batch's own slots). */
+  /** Device bytes the pipeline holds at once for these batches of whole units: the largest two
+   *  consecutive batches (unpacked), or the two staging arenas (packed, each as large as the
+   *  largest batch of its parity, counting only the bytes of that batch's own slots). A chunked
+   *  unit's batch counts nothing here (its chunks' arenas are chunk_elements' business). */
   size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
 
   /** Runs the step: each batch's slots are device-resident exactly while `adapter.step_batch`
