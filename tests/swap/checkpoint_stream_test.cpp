@@ -50,7 +50,8 @@ struct Subject {
 };
 
 /** The kinds of optimizer that save and load checkpoints. */
-const std::vector<std::string> kKinds = {"Muon", "AdamW", "swapped Muon", "swapped Muon per-tensor", "swapped AdamW",
+const std::vector<std::string> kKinds = {"Muon",          "AdamW",         "swapped Muon", "swapped Muon per-tensor",
+                                         "swapped AdamW", "swapped Muon chunked", "swapped AdamW chunked",
                                          "swapped Muon+AdamW set"};
 
 Subject make_subject(const std::string& kind) {
@@ -72,24 +73,30 @@ Subject make_subject(const std::string& kind) {
     s.save_checkpoint = [&opt](const std::string& path) { opt.save_checkpoint(path); };
     s.load_checkpoint = [&opt](const std::string& path) { opt.load_checkpoint(path); };
   };
-  if (kind == "Muon" || kind == "swapped Muon" || kind == "swapped Muon per-tensor") {
+  if (kind == "Muon" || kind == "swapped Muon" || kind == "swapped Muon per-tensor" || kind == "swapped Muon chunked") {
     auto muon = std::make_shared<Muon>(stream);
     muon->add_param_group(s.params);
     s.keep.push_back(muon);
     if (kind == "Muon") {
       bind(*muon);
     } else {
+      if (kind == "swapped Muon chunked") {  // 1 KiB beside the largest workspace: the larger units stream in chunks
+        int64_t workspace = 0;
+        for (const UpdateUnit& u : MuonSwapAdapter(*muon).plan_units(true)) workspace = std::max(workspace, u.workspace_bytes);
+        config.device_budget_bytes = size_t(workspace) + 1024;
+      }
       std::shared_ptr<SwapOptimizer> swapped = swap_muon(*muon, config);
       s.keep.push_back(swapped);
       bind(*swapped);
     }
-  } else if (kind == "AdamW" || kind == "swapped AdamW") {
+  } else if (kind == "AdamW" || kind == "swapped AdamW" || kind == "swapped AdamW chunked") {
     auto adamw = std::make_shared<AdamW>(stream);
     adamw->add_param_group(s.params);
     s.keep.push_back(adamw);
     if (kind == "AdamW") {
       bind(*adamw);
     } else {
+      if (kind == "swapped AdamW chunked") config.device_budget_bytes = 4096;  // every unit of 1 KiB elements and more chunked
       std::shared_ptr<SwapOptimizer> swapped = swap_adamw(*adamw, config);
       s.keep.push_back(swapped);
       bind(*swapped);
@@ -166,7 +173,7 @@ TEST_CASE("load_checkpoint of a damaged or foreign file gives the StateDict path
       damaged.push_back(good.substr(0, at));
     }
     // A valid file of another optimizer (AdamW's and swapped AdamW's files load into each other).
-    Subject other = make_subject(kind == "AdamW" || kind == "swapped AdamW" ? "Muon" : "AdamW");
+    Subject other = make_subject(kind.find("AdamW") != std::string::npos && kind.find("Muon") == std::string::npos ? "Muon" : "AdamW");
     train(other, 1, 1);
     damaged.push_back(serialize_state_dict(other.state_dict()));
     size_t rejected = 0;
