@@ -9,7 +9,8 @@
 //   swapopt-bench step      a whole Muon + AdamW step on transformer-like shapes, by width
 //   swapopt-bench adamw     an AdamW step over the same shapes, by width
 //   swapopt-bench scale     AdamW over 100..50000 small params: swapped vs bare step, state_dict
-//                           and load_state_dict time per param (what grows with the param count)
+//                           and load_state_dict time per param (what grows with the param count);
+//                           with --budget BYTES the swapped optimizer plans under that device budget
 //   swapopt-bench pipeline  GB/s of pinned H2D alone, D2H alone and both at once on two streams
 //                           (as the swap pipeline copies), vs a device-to-device copy
 //   swapopt-bench checkpoint  peak process memory (the kernel's VmHWM) of saving and of loading
@@ -39,6 +40,7 @@ struct Options {
   int reps = 5;
   int64_t dim = 512;
   bool dim_given = false;
+  size_t budget = 0;  // scale: the swapped optimizer's device_budget_bytes (0: none)
 };
 
 /** Repeated measurements of one figure: the median and the spread (fastest, slowest). */
@@ -303,7 +305,9 @@ void run_scale(const Options& o) {
     AdamW bare(stream), inner(stream);
     bare.add_param_group(bare_params);
     inner.add_param_group(swap_params);
-    auto swapped = swap_adamw(inner, SwapConfig{});
+    SwapConfig config;
+    if (o.budget > 0) config.device_budget_bytes = o.budget;
+    auto swapped = swap_adamw(inner, config);
     std::vector<double> bare_ms, swap_ms;
     for (int r = 0; r < o.reps + 1; ++r) {  // alternated, the first pair a warm-up
       const auto t0 = std::chrono::steady_clock::now();
@@ -498,7 +502,7 @@ void run_checkpoint(const Options& o, const std::string& self) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint [--device cpu|cuda] [--reps N] [--dim D]\n";
+  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint [--device cpu|cuda] [--reps N] [--dim D] [--budget BYTES (scale)]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -520,6 +524,7 @@ int main(int argc, char** argv) {
     if (flag == "--path" && !child_mode.empty()) child_path = value;
     else if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
+    else if (flag == "--budget") o.budget = size_t(std::max(0LL, std::atoll(value.c_str())));
     else if (flag == "--dim") {
       o.dim = std::max(16, std::atoi(value.c_str()));
       o.dim_given = true;

@@ -350,24 +350,28 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<
     const std::vector<int64_t> segment_costs(costs.begin() + long(begin), costs.begin() + long(end));
     size_t workspace = 0;  // units run one at a time: the largest workspace is there on top of the state
     for (const UpdateUnit& u : segment) workspace = std::max(workspace, size_t(u.workspace_bytes));
-    size_t least = SIZE_MAX;
-    for (size_t t = 1; t <= segment.size(); ++t) {
-      const std::vector<size_t> cut = partition(segment_costs, int(t));
-      const size_t need = resident_bytes_needed(segment, cut) + workspace;
-      if (need <= budget) {
-        sizes.insert(sizes.end(), cut.begin(), cut.end());
-        least = 0;
-        break;
+    // The need falls as the count grows (smaller batches): counts 1, 2, 4, ... until one fits,
+    // then bisection down to the smallest that fits; O(log n) plans, not one per count.
+    const auto fits = [&](size_t t) {
+      const size_t need = resident_bytes_needed(segment, partition(segment_costs, int(t))) + workspace;
+      if (need > budget && need < smallest_need) {
+        smallest_need = need;
+        need_workspace = workspace;
       }
-      if (need < least) {
-        least = need;
-        if (need < smallest_need) {
-          smallest_need = need;
-          need_workspace = workspace;
-        }
-      }
+      return need <= budget;
+    };
+    size_t failing = 0, fitting = 1;
+    while (!fits(fitting)) {
+      if (fitting == segment.size()) return std::nullopt;
+      failing = fitting;
+      fitting = std::min(segment.size(), 2 * fitting);
     }
-    if (least != 0) return std::nullopt;
+    while (fitting - failing > 1) {
+      const size_t mid = failing + (fitting - failing) / 2;
+      (fits(mid) ? fitting : failing) = mid;
+    }
+    const std::vector<size_t> cut = partition(segment_costs, int(fitting));
+    sizes.insert(sizes.end(), cut.begin(), cut.end());
     begin = end;
   }
   return sizes;
@@ -400,12 +404,14 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](size_t a, size_t b) { return state_bytes(units[a]) > state_bytes(units[b]); });
   size_t smallest_need = SIZE_MAX, need_workspace = 0;
-  for (size_t k = 0;; ++k) {
+  // Each round chunks as many more candidates as are chunked already (1, 2, 4, ...): O(log n)
+  // plans. A candidate whose chunks do not fit beside its workspace stays whole.
+  for (size_t chunked = 0;;) {
     if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, smallest_need, need_workspace))
       return *sizes;
-    while (k < candidates.size() && (units[candidates[k]].chunk_elements = largest_chunk(units[candidates[k]], budget)) == 0)
-      ++k;
-    if (k == candidates.size()) break;
+    if (chunked == candidates.size()) break;
+    for (const size_t end = std::min(candidates.size(), chunked + std::max<size_t>(1, chunked)); chunked < end; ++chunked)
+      units[candidates[chunked]].chunk_elements = largest_chunk(units[candidates[chunked]], budget);
   }
   for (UpdateUnit& u : units) u.chunk_elements = 0;
   SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "

@@ -107,7 +107,8 @@ class PipelineSwapRuntime {
    *  greedy rule); returns the batch sizes. */
   static std::vector<size_t> partition(const std::vector<int64_t>& costs, int swap_times);
   /** Batch sizes for `units`: config.swap_times, or with a device budget the smallest count whose
-   *  resident bytes plus the largest unit workspace fit. A unit too large for the budget, or for
+   *  resident bytes plus the largest unit workspace fit (found by doubling, then bisection: the
+   *  need falls as the count grows). A unit too large for the budget, or for
    *  any plan of whole units, is chunked instead when it is chunkable (largest state first; its
    *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
    *  throws naming the budget and the sizes that do not fit. */
