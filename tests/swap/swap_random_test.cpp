@@ -32,6 +32,10 @@ struct Case {
    *  (SwapConfig::state_keys); 0: state_keys unset (all of them). */
   uint32_t keys_mask = 0;
   uint32_t options_seed = 0;
+  /** > 0: each wrapper's device budget is its largest unit workspace plus this many eighths of
+   *  its largest unit's state, so that many units run chunked between whole ones; 0: the
+   *  config's own budget (or none). */
+  int budget_eighths = 0;
 
   std::string str() const {
     std::ostringstream out;
@@ -40,6 +44,7 @@ struct Case {
     if (config.device_budget_bytes) out << ", device_budget_bytes " << *config.device_budget_bytes;
     if (config.retain_arenas) out << ", retain_arenas";
     if (keys_mask != 0) out << ", state keys mask " << keys_mask;
+    if (budget_eighths != 0) out << ", budget: workspace + " << budget_eighths << "/8 of the largest unit";
     out << ", " << steps << " steps, reload after " << reload_after << ", params";
     for (size_t i = 0; i < params.size(); ++i)
       out << " " << params[i].first << shape_str(params[i].second) << dtype_name(dtypes[i]);
@@ -104,6 +109,7 @@ Case make_case(uint32_t seed) {
   c.reload_config = random_config(rng);
   c.keys_mask = rng() % 3 == 0 ? 1 + rng() % 7 : 0;
   c.options_seed = uint32_t(rng());
+  c.budget_eighths = rng() % 4 == 0 ? int(1 + rng() % 12) : 0;
   return c;
 }
 
@@ -164,18 +170,28 @@ Model make_model(const Case& c, const std::vector<ParamPtr>& params) {
   return m;
 }
 
-std::vector<std::unique_ptr<SwapOptimizer>> wrap(Model& m, SwapConfig config, uint32_t keys_mask) {
-  auto with_keys = [&](const std::vector<std::string>& family) {
-    if (keys_mask == 0) return config;
+std::vector<std::unique_ptr<SwapOptimizer>> wrap(Model& m, SwapConfig config, uint32_t keys_mask, int budget_eighths) {
+  auto configure = [&](const std::vector<std::string>& family, const StateSwapAdapter& adapter) {
     SwapConfig c = config;
+    if (budget_eighths > 0) {
+      int64_t workspace = 0, largest = 0;
+      for (const UpdateUnit& u : adapter.plan_units(true)) {
+        workspace = std::max(workspace, u.workspace_bytes);
+        largest = std::max(largest, u.logical_bytes);
+      }
+      c.device_budget_bytes = size_t(workspace + std::max<int64_t>(512, largest * budget_eighths / 8));
+    }
+    if (keys_mask == 0) return c;
     c.state_keys.emplace();
     for (size_t k = 0; k < family.size(); ++k)
       if (keys_mask & (1u << k)) c.state_keys->push_back(family[k]);
     return c;
   };
   std::vector<std::unique_ptr<SwapOptimizer>> out;
-  if (!m.muon->param_groups().empty()) out.push_back(swap_muon(*m.muon, with_keys({"momentum_buffer"})));
-  if (!m.adamw->param_groups().empty()) out.push_back(swap_adamw(*m.adamw, with_keys(m.adamw->state_keys())));
+  if (!m.muon->param_groups().empty())
+    out.push_back(swap_muon(*m.muon, configure({"momentum_buffer"}, MuonSwapAdapter(*m.muon))));
+  if (!m.adamw->param_groups().empty())
+    out.push_back(swap_adamw(*m.adamw, configure(m.adamw->state_keys(), AdamWSwapAdapter(*m.adamw))));
   return out;
 }
 
@@ -219,7 +235,7 @@ std::string run_case(const Case& c) {
   const std::vector<ParamPtr> bare_params = make_params(c), swap_params = make_params(c);
   Model bare = make_model(c, bare_params);
   Model inner = make_model(c, swap_params);
-  std::vector<std::unique_ptr<SwapOptimizer>> swapped = wrap(inner, c.config, c.keys_mask);
+  std::vector<std::unique_ptr<SwapOptimizer>> swapped = wrap(inner, c.config, c.keys_mask, c.budget_eighths);
   for (int step = 0; step < c.steps; ++step) {
     if (c.prefetch[size_t(step)]) {
       try {
@@ -255,7 +271,7 @@ std::string run_case(const Case& c) {
       for (auto& s : swapped) files.push_back(serialize_state_dict(s->state_dict()));
       swapped.clear();
       inner = make_model(c, swap_params);
-      swapped = wrap(inner, c.reload_config, c.keys_mask);
+      swapped = wrap(inner, c.reload_config, c.keys_mask, c.budget_eighths);
       for (size_t k = 0; k < swapped.size(); ++k) swapped[k]->load_state_dict(parse_state_dict(files[k].data(), files[k].size()));
       const std::string after = compare(bare_params, swap_params, bare, swapped);
       if (!after.empty()) return "after reloading at step " + std::to_string(step + 1) + ": " + after + " differs";
