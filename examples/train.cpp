@@ -233,6 +233,7 @@ int run(const Config& c) {
   Tensor dlogits = Tensor::empty({c.batch, c.classes}, DType::f32, Device::cpu());
   std::vector<int> labels(size_t(c.batch));
   size_t peak_swapped_resident = 0;
+  int chunked_units = 0;  // per step, the most (a unit too large for --budget streams in chunks)
   float loss = 0.f, first_loss = 0.f;
   double total_ms = 0.0, steady_ms = 0.0;
   const int warmup = std::min(10, c.steps / 2);  // first steps allocate and warm caches: not steady state
@@ -257,6 +258,7 @@ int run(const Config& c) {
       // The last completed step's reports (reading them never waits).
       peak_swapped_resident = std::max(peak_swapped_resident, swapped->member("muon").last_report().peak_resident_bytes +
                                                                   swapped->member("adamw").last_report().peak_resident_bytes);
+      chunked_units = std::max(chunked_units, swapped->last_report().chunked_units);
     } else {
       opt.step();
     }
@@ -288,5 +290,6 @@ int run(const Config& c) {
   std::printf("  peak device-resident optimizer bytes without swap: %zu\n", all_state);
   if (c.swap) std::printf("  peak device-resident optimizer bytes with swap:    %zu (%.1f%%)\n", stays + peak_swapped_resident,
                           100.0 * double(stays + peak_swapped_resident) / double(all_state));
+  if (chunked_units > 0) std::printf("  units streamed in chunks (too large for the budget whole): %d per step\n", chunked_units);
   return loss < first_loss ? 0 : 1;
 }

@@ -773,7 +773,10 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   if (!early_) begin_report();
   const bool adopted = adopt_early_prefetch(batches);
   report_.batches = int(batches.size());
-  for (const Batch& b : batches) report_.swapped_slots += b.slots.size();
+  for (const Batch& b : batches) {
+    report_.swapped_slots += b.slots.size();
+    report_.chunked_units += b.chunked ? 1 : 0;
+  }
   for (const UpdateUnit& u : units) report_.peak_workspace_bytes = std::max(report_.peak_workspace_bytes, size_t(u.workspace_bytes));
   create_pending();
   if (batches.empty()) {

@@ -62,6 +62,7 @@ SwapStepReport SwapOptimizerSet::last_report() {
   for (Member& m : members_) {
     const SwapStepReport r = m.second->last_report();
     total.batches += r.batches;
+    total.chunked_units += r.chunked_units;
     total.h2d_bytes += r.h2d_bytes;
     total.d2h_bytes += r.d2h_bytes;
     total.h2d_copies += r.h2d_copies;

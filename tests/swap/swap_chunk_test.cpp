@@ -89,6 +89,7 @@ void check_chunked(std::unique_ptr<Optimizer> (*make)(const std::vector<ParamPtr
     // Resident state and a unit's workspace are never both at their step maxima at once (a unit
     // of a smaller workspace may run beside more state), so the report bounds each by the budget.
     CHECK(report.peak_resident_bytes <= *config.device_budget_bytes);
+    if (divisor >= 10) CHECK(report.chunked_units > 0);  // a tenth of a unit: the largest are chunked
     // The allocator's peak: AdamW allocates nothing else once its state exists (unswapped keys
     // are created at the first step). Muon's NS workspaces are counted until the CPU stream has
     // run the ops holding them, however far the host has run ahead, so its peak says nothing here.

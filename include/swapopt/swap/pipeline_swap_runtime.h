@@ -25,6 +25,10 @@ namespace swapopt {
 /** What one swapped step did; read through PipelineSwapRuntime::last_report(). */
 struct SwapStepReport {
   int batches = 0;  ///< Batches the step ran (0 when skipped or when it had no units).
+  /** Units whose state did not fit the device budget whole and streamed through in chunks (each
+   *  also one of `batches`); their copies count in h2d_copies and d2h_copies, one per state per
+   *  chunk. */
+  int chunked_units = 0;
   /** Bytes copied host to device, an early prefetch's included (also one that was redone). */
   size_t h2d_bytes = 0;
   size_t d2h_bytes = 0;  ///< Bytes copied device to host.
