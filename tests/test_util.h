@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "swapopt/swapopt.h"
 
 namespace swapopt::test {
@@ -21,6 +23,10 @@ inline std::string test_path(const std::string& baked, const std::string& relati
   if (std::filesystem::exists(baked)) return baked;
   return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / relative).string();
 }
+
+/** A path in /tmp named after `name` and this process, so that test runs side by side (a CI job and
+ *  a developer's run, two build directories) never share a file. */
+inline std::string temp_file(const std::string& name) { return "/tmp/swapopt_test_" + std::to_string(::getpid()) + "_" + name; }
 
 /** Deterministic values in [-1, 1). */
 inline std::vector<float> random_values(size_t n, uint32_t seed) {

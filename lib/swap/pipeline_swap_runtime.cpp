@@ -17,6 +17,10 @@ constexpr size_t kSlotAlignment = 64;  // bytes; keeps every mirror and arena vi
 
 size_t align_up(size_t n) { return (n + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment; }
 
+// Segments of at most this many units try every batch count (cheap, and exact where the packed
+// need is not monotone in the count); larger ones search by doubling and bisection.
+constexpr size_t kScanEveryCount = 64;
+
 // Chunks are multiples of this many elements, so that every chunk of a 2-byte state starts
 // 64-byte aligned in its mirror, as every arena piece does.
 constexpr int64_t kChunkQuantum = 32;
@@ -162,7 +166,7 @@ void PipelineSwapRuntime::attach_slots(std::vector<UpdateUnit>& units, const Opt
 
 void PipelineSwapRuntime::create_pending() {
   for (SwapSlot* slot : created_this_step_) {
-    std::memset(slot->host.data_ptr(), 0, slot->nbytes());
+    if (slot->nbytes() > 0) std::memset(slot->host.data_ptr(), 0, slot->nbytes());  // an empty mirror has no pointer
     optimizer_->state()[slot->param].tensors[slot->key] = slot->device;
     slot->created = true;
   }
@@ -336,7 +340,8 @@ size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>&
 
 std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<UpdateUnit>& units,
                                                                      const std::vector<int64_t>& costs, size_t budget,
-                                                                     size_t& smallest_need, size_t& need_workspace) const {
+                                                                     bool exhaustive, size_t& smallest_need,
+                                                                     size_t& need_workspace) const {
   std::vector<size_t> sizes;
   for (size_t begin = 0; begin < units.size();) {
     if (units[begin].chunk_elements > 0) {
@@ -350,8 +355,6 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<
     const std::vector<int64_t> segment_costs(costs.begin() + long(begin), costs.begin() + long(end));
     size_t workspace = 0;  // units run one at a time: the largest workspace is there on top of the state
     for (const UpdateUnit& u : segment) workspace = std::max(workspace, size_t(u.workspace_bytes));
-    // The need falls as the count grows (smaller batches): counts 1, 2, 4, ... until one fits,
-    // then bisection down to the smallest that fits; O(log n) plans, not one per count.
     const auto fits = [&](size_t t) {
       const size_t need = resident_bytes_needed(segment, partition(segment_costs, int(t))) + workspace;
       if (need > budget && need < smallest_need) {
@@ -360,6 +363,19 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<
       }
       return need <= budget;
     };
+    if (exhaustive || segment.size() <= kScanEveryCount) {  // every count, the smallest that fits
+      size_t t = 1;
+      while (t <= segment.size() && !fits(t)) ++t;
+      if (t > segment.size()) return std::nullopt;
+      const std::vector<size_t> cut = partition(segment_costs, int(t));
+      sizes.insert(sizes.end(), cut.begin(), cut.end());
+      begin = end;
+      continue;
+    }
+    // The need mostly falls as the count grows (smaller batches): counts 1, 2, 4, ... until one
+    // fits, then bisection down to the smallest that fits; O(log n) plans, not one per count.
+    // Packed, the need can rise again (the largest batch of each parity), so a miss here is
+    // retried with every count before the plan gives up (plan_batches).
     size_t failing = 0, fitting = 1;
     while (!fits(fitting)) {
       if (fitting == segment.size()) return std::nullopt;
@@ -407,12 +423,15 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   // Each round chunks as many more candidates as are chunked already (1, 2, 4, ...): O(log n)
   // plans. A candidate whose chunks do not fit beside its workspace stays whole.
   for (size_t chunked = 0;;) {
-    if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, smallest_need, need_workspace))
+    if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, false, smallest_need, need_workspace))
       return *sizes;
     if (chunked == candidates.size()) break;
     for (const size_t end = std::min(candidates.size(), chunked + std::max<size_t>(1, chunked)); chunked < end; ++chunked)
       units[candidates[chunked]].chunk_elements = largest_chunk(units[candidates[chunked]], budget);
   }
+  // Every count of every segment before giving up (the bisection may have missed one).
+  if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, true, smallest_need, need_workspace))
+    return *sizes;
   for (UpdateUnit& u : units) u.chunk_elements = 0;
   SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "
                                              << "pipeline needs at least " << smallest_need << " bytes (" << need_workspace

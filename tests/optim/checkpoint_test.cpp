@@ -24,7 +24,7 @@ void set_grads(const std::vector<ParamPtr>& params, int step) {
   }
 }
 
-std::string temp_path(const char* name) { return std::string("/tmp/swapopt_test_") + name + ".safetensors"; }
+std::string temp_path(const char* name) { return test::temp_file(std::string(name) + ".safetensors"); }
 
 }  // namespace
 

@@ -124,7 +124,7 @@ void train(Subject& s, int first_step, int steps) {
 TEST_SUITE("swap") {
 
 TEST_CASE("save_checkpoint writes the StateDict path's file and load_checkpoint loads it the same, bit for bit") {
-  const std::string path = "/tmp/swapopt_test_stream.safetensors";
+  const std::string path = test::temp_file("stream.safetensors");
   for (const std::string& kind : kKinds) {
     CAPTURE(kind);
     Subject saver = make_subject(kind);
@@ -153,7 +153,7 @@ TEST_CASE("save_checkpoint writes the StateDict path's file and load_checkpoint 
 }
 
 TEST_CASE("load_checkpoint of a damaged or foreign file gives the StateDict path's error and changes nothing") {
-  const std::string path = "/tmp/swapopt_test_stream_bad.safetensors";
+  const std::string path = test::temp_file("stream_bad.safetensors");
   for (const std::string& kind : kKinds) {
     CAPTURE(kind);
     Subject saver = make_subject(kind);
@@ -208,7 +208,7 @@ TEST_CASE("load_checkpoint of a damaged or foreign file gives the StateDict path
 TEST_CASE("a state tensor larger than the staging buffer streams in pieces, both ways") {
   // 5M f32 elements: 20 MB per moment, two 16 MiB pieces each through the staging buffer (bare
   // AdamW's device state) and in one read into the mirrors (swapped).
-  const std::string path = "/tmp/swapopt_test_stream_big.safetensors";
+  const std::string path = test::temp_file("stream_big.safetensors");
   auto model = [] {
     std::vector<ParamPtr> params = {make_param("big", test::random_tensor({5 << 20}, DType::f32, 3))};
     params[0]->grad = test::random_tensor({5 << 20}, DType::f32, 4);
@@ -236,7 +236,7 @@ TEST_CASE("a state tensor larger than the staging buffer streams in pieces, both
 }
 
 TEST_CASE("save_async writes what a synchronous save writes at that step while the steps go on, and changes no step") {
-  const std::string sync_path = "/tmp/swapopt_test_async_sync.safetensors", async_path = "/tmp/swapopt_test_async.safetensors";
+  const std::string sync_path = test::temp_file("async_sync.safetensors"), async_path = test::temp_file("async.safetensors");
   for (const std::string& kind : kKinds) {
     if (kind.rfind("swapped", 0) != 0) continue;
     CAPTURE(kind);
@@ -261,8 +261,8 @@ TEST_CASE("save_async: the offloads of later steps wait until the writer has wri
   // checksum pass while the next steps run: an offload that did not wait for the writer would
   // change bytes it has already checksummed but not yet written. Every swapped kind (packed,
   // per-tensor, a set), then a load, which must wait for the writer too.
-  const std::string sync_path = "/tmp/swapopt_test_async_fifo_sync.safetensors",
-                    async_path = "/tmp/swapopt_test_async_fifo.safetensors", fifo = async_path + ".tmp";
+  const std::string sync_path = test::temp_file("async_fifo_sync.safetensors"),
+                    async_path = test::temp_file("async_fifo.safetensors"), fifo = async_path + ".tmp";
   for (const std::string& kind : kKinds) {
     if (kind.rfind("swapped", 0) != 0) continue;
     CAPTURE(kind);
@@ -305,9 +305,9 @@ TEST_CASE("save_async: the offloads of later steps wait until the writer has wri
 TEST_CASE("a member's own save_async while its set's runs waits for the set's, which stays intact") {
   // One mirror reader per runtime: the member's save waits for the set's writer (held up by a
   // FIFO) instead of replacing it, so the set's file keeps the bytes it checksummed.
-  const std::string set_sync = "/tmp/swapopt_test_set_sync.safetensors", set_async = "/tmp/swapopt_test_set_async.safetensors",
-                    member_sync = "/tmp/swapopt_test_member_sync.safetensors",
-                    member_async = "/tmp/swapopt_test_member_async.safetensors", fifo = set_async + ".tmp";
+  const std::string set_sync = test::temp_file("set_sync.safetensors"), set_async = test::temp_file("set_async.safetensors"),
+                    member_sync = test::temp_file("member_sync.safetensors"),
+                    member_async = test::temp_file("member_async.safetensors"), fifo = set_async + ".tmp";
   auto params = test::swap_model(12);
   MuonWithAdamW both(Stream(Device::cpu()), params);
   SwapConfig config;

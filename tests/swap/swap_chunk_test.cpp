@@ -329,4 +329,36 @@ TEST_SUITE("swap") {
         CHECK(memory_stats(Device::cpu()).current_bytes == device_bytes);
       }
   }
+
+  TEST_CASE("plans: the packed need can rise with the batch count, and the plan still finds the count that fits") {
+    // Packed, the need is the largest batch of each parity: 1 and 2 batches need 28160 bytes, 3
+    // ([big0] [s0 s1] [big1]) 15360, 4 25600. Units that cannot be chunked must get the 3.
+    const auto model = [] {
+      return std::vector<ParamPtr>{make_param("big0", test::random_tensor({40, 40}, DType::f32, 1)),
+                                   make_param("s0", test::random_tensor({16, 10}, DType::f32, 2)),
+                                   make_param("s1", test::random_tensor({16, 10}, DType::f32, 3)),
+                                   make_param("big1", test::random_tensor({40, 40}, DType::f32, 4))};
+    };
+    auto params = model(), bare_params = model();
+    AdamW adamw{Stream(Device::cpu())}, bare{Stream(Device::cpu())};
+    adamw.add_param_group(params);
+    bare.add_param_group(bare_params);
+    SwapConfig c;
+    c.min_numel = 0;
+    c.device_budget_bytes = 15360;
+    SwapOptimizer swapped(std::make_unique<WholeUnitsAdamW>(adamw), c);
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, 30 + uint32_t(step * 7 + i));
+        bare_params[i]->grad = params[i]->grad;
+      }
+      swapped.step();
+      bare.step();
+      swapped.synchronize();
+      bare.synchronize();
+      CHECK(swapped.last_report().batches == 3);
+      CHECK(swapped.last_report().peak_resident_bytes <= 15360);
+      CHECK(test::params_bitwise_equal(params, bare_params));
+    }
+  }
 }

@@ -126,7 +126,7 @@ TEST_SUITE("swap") {
       test::set_swap_grads(params, step);
       swapped->step();
     }
-    const std::string path = "/tmp/swapopt_swap_checkpoint.safetensors";
+    const std::string path = test::temp_file("swap_checkpoint.safetensors");
     save_state_dict(swapped->state_dict(), path);
     auto third = make_muon(params);
     third->load_state_dict(load_state_dict(path));

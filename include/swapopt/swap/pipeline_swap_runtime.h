@@ -111,8 +111,9 @@ class PipelineSwapRuntime {
    *  greedy rule); returns the batch sizes. */
   static std::vector<size_t> partition(const std::vector<int64_t>& costs, int swap_times);
   /** Batch sizes for `units`: config.swap_times, or with a device budget the smallest count whose
-   *  resident bytes plus the largest unit workspace fit (found by doubling, then bisection: the
-   *  need falls as the count grows). A unit too large for the budget, or for
+   *  resident bytes plus the largest unit workspace fit (every count for up to 64 units; beyond,
+   *  found by doubling and bisection, every count again before giving up, since the packed need
+   *  is not monotone in the count). A unit too large for the budget, or for
    *  any plan of whole units, is chunked instead when it is chunkable (largest state first; its
    *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
    *  throws naming the budget and the sizes that do not fit. */
@@ -200,10 +201,12 @@ class PipelineSwapRuntime {
    *  workspace in `budget`; 0 when none does. */
   int64_t largest_chunk(const UpdateUnit& unit, size_t budget) const;
   /** Batch sizes of every segment of whole units between chunked ones (each the smallest count
-   *  that fits `budget`), a chunked unit one batch; empty when a segment fits in no count (then
-   *  `smallest_need` is lowered to the least that segment needs). */
+   *  that fits `budget`: every count when `exhaustive` or the segment is small, else a doubling
+   *  and bisection search), a chunked unit one batch; empty when a segment fits in no count tried
+   *  (then `smallest_need` is lowered to the least that segment needed). */
   std::optional<std::vector<size_t>> fit_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
-                                                 size_t budget, size_t& smallest_need, size_t& need_workspace) const;
+                                                 size_t budget, bool exhaustive, size_t& smallest_need,
+                                                 size_t& need_workspace) const;
   void allocate_arenas(std::span<const Batch> batches);
   void free_arenas();
   /** Packed: one copy per run between the host mirror and arena `parity`; returns bytes. */
