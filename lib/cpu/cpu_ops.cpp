@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 #include <array>
 #include <memory>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -96,6 +97,39 @@ void gemm_now(const MatrixArg& a, bool trans_a, const MatrixArg& b, bool trans_b
 /** Elementwise f32 loops at least this long are split over the OpenMP threads (each element is
  *  independent, so the split never changes the bits). */
 [[maybe_unused]] constexpr size_t kParallelElements = size_t(1) << 16;  // unread without OpenMP
+
+/** Calls f with `dtype` as a compile-time constant (std::integral_constant<DType, ...>), so that
+ *  the loop inside loads and stores without a per-element switch and vectorises. */
+template <typename F>
+void with_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f(std::integral_constant<DType, DType::f32>{});
+    case DType::bf16: return f(std::integral_constant<DType, DType::bf16>{});
+    case DType::f16: return f(std::integral_constant<DType, DType::f16>{});
+  }
+}
+
+// The elementwise loops, one instantiation per dtype: their arguments are the function's own (a
+// lambda's captures are read through its closure, and GCC then does not vectorise the loop).
+
+template <DType A, DType B>
+void lerp_loop(void* a, const void* b, size_t n, float weight) {
+#pragma omp parallel for simd if (n >= kParallelElements)
+  for (size_t i = 0; i < n; ++i) store_from_float(a, i, A, formula::lerp(load_as_float(a, i, A), load_as_float(b, i, B), weight));
+}
+
+template <DType X>
+void scale_loop(void* x, size_t first, size_t n, float norm, float eps) {
+#pragma omp parallel for simd if (n >= kParallelElements)
+  for (size_t i = first; i < first + n; ++i)
+    store_from_float(x, i, X, formula::scale_by_inverse_norm(load_as_float(x, i, X), norm, eps));
+}
+
+template <DType S, DType D>
+void cast_loop(const void* src, void* dst, size_t n) {
+#pragma omp parallel for simd if (n >= kParallelElements)
+  for (size_t i = 0; i < n; ++i) store_from_float(dst, i, D, load_as_float(src, i, S));
+}
 
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
 constexpr int64_t kSyrkBlock = 64;
@@ -204,14 +238,9 @@ void lerp(Stream& stream, const Tensor& a, const Tensor& b, float weight) {
   const void* bb = b.data_ptr();
   const DType ad = a.dtype(), bd = b.dtype();
   stream.enqueue([=, keep = hold(a, b)] {
-    if (ad == DType::f32 && bd == DType::f32) {
-      float* av = static_cast<float*>(ab);
-      const float* bv = static_cast<const float*>(bb);
-      for (size_t i = 0; i < n; ++i) av[i] = formula::lerp(av[i], bv[i], weight);
-      return;
-    }
-    for (size_t i = 0; i < n; ++i)
-      store_from_float(ab, i, ad, formula::lerp(load_as_float(ab, i, ad), load_as_float(bb, i, bd), weight));
+    with_dtype(ad, [&](auto a_type) {
+      with_dtype(bd, [&](auto b_type) { lerp_loop<a_type(), b_type()>(ab, bb, n, weight); });
+    });
   });
 }
 
@@ -256,11 +285,9 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
   const float* nv = norms.data<float>();
   const DType xd = x.dtype();
   stream.enqueue([=, keep = hold(x, norms)] {
-    for (int64_t m = 0; m < count; ++m)
-      for (int64_t i = 0; i < per; ++i) {
-        const size_t at = size_t(m * per + i);
-        store_from_float(base, at, xd, formula::scale_by_inverse_norm(load_as_float(base, at, xd), nv[m], eps));
-      }
+    with_dtype(xd, [&](auto x_type) {
+      for (int64_t m = 0; m < count; ++m) scale_loop<x_type()>(base, size_t(m * per), size_t(per), nv[m], eps);
+    });
   });
 }
 
@@ -271,7 +298,9 @@ void cast(Stream& stream, const Tensor& src, const Tensor& dst) {
   void* db = dst.data_ptr();
   const DType sd = src.dtype(), dd = dst.dtype();
   stream.enqueue([=, keep = hold(src, dst)] {
-    for (size_t i = 0; i < n; ++i) store_from_float(db, i, dd, load_as_float(sb, i, sd));
+    with_dtype(sd, [&](auto s_type) {
+      with_dtype(dd, [&](auto d_type) { cast_loop<s_type(), d_type()>(sb, db, n); });
+    });
   });
 }
 

@@ -29,9 +29,12 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
       const float* gv = static_cast<const float*>(gb);
       float* bv = static_cast<float*>(bb);
       float* uv = static_cast<float*>(ub);
+      // The scalars as locals: read through the closure, GCC would not vectorise the loop.
+      const float a = m1, b = m2;
+      const bool nest = nesterov;
 #pragma omp parallel for simd if (n >= kParallelElements)
       for (size_t i = 0; i < n; ++i) {
-        const formula::MomentumOut out = formula::muon_momentum(gv[i], bv[i], m1, m2, nesterov);
+        const formula::MomentumOut out = formula::muon_momentum(gv[i], bv[i], a, b, nest);
         bv[i] = out.buf;
         uv[i] = out.update;
       }
