@@ -3,6 +3,7 @@
 #include <array>
 #include <memory>
 #include <cmath>
+#include <vector>
 
 #include "cpu_ops.h"
 
@@ -49,28 +50,72 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
   });
 }
 
-void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                  const Tensor& max_exp_avg_sq, const ops::AdamWScalars& k) {
-  const size_t n = size_t(param.numel());
-  if (n == 0) return;
-  void* pb = param.data_ptr();
-  const void* gb = grad.data_ptr();
-  float* m = exp_avg.data<float>();
-  float* v = exp_avg_sq.data<float>();
-  float* vmax = max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr;
-  const DType pd = param.dtype(), gd = grad.dtype();
-  stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 5>{param.storage(), grad.storage(), exp_avg.storage(),
-                                                             exp_avg_sq.storage(), max_exp_avg_sq.storage()}] {
-    if (pd == DType::f32 && gd == DType::f32 && vmax == nullptr) {  // the common case, vectorised
-      float* pv = static_cast<float*>(pb);
-      const float* gv = static_cast<const float*>(gb);
-#pragma omp parallel for simd if (n >= kParallelElements)
-      for (size_t i = 0; i < n; ++i) pv[i] = formula::adamw(pv[i], gv[i], m[i], v[i], nullptr, k);
-      return;
-    }
-    for (size_t i = 0; i < n; ++i)
-      store_from_float(pb, i, pd,
-                       formula::adamw(load_as_float(pb, i, pd), load_as_float(gb, i, gd), m[i], v[i], vmax ? vmax + i : nullptr, k));
+namespace {
+
+/** One tensor's AdamW arguments, as raw pointers taken when the op is enqueued. */
+struct AdamWJob {
+  void* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* max_exp_avg_sq;  // null without amsgrad
+  DType param_dtype, grad_dtype;
+  ops::AdamWScalars scalars;
+};
+
+/** Elements [begin, end) of one job. */
+struct AdamWPiece {
+  size_t job, begin, end;
+};
+
+/** Pieces of at most this many elements are the units of work handed to the OpenMP threads:
+ *  small enough that a list of small params spreads over the threads, large enough that each
+ *  piece is a long vector loop. */
+constexpr size_t kAdamWPiece = size_t(1) << 14;
+
+// The loop's arguments are the function's own, so GCC vectorises it (see cpu_ops.cpp).
+void adamw_f32(float* p, const float* g, float* m, float* v, size_t n, ops::AdamWScalars k) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) p[i] = formula::adamw(p[i], g[i], m[i], v[i], nullptr, k);
+}
+
+void run_piece(const AdamWJob& j, size_t begin, size_t end) {
+  if (j.param_dtype == DType::f32 && j.grad_dtype == DType::f32 && j.max_exp_avg_sq == nullptr) {  // the common case
+    adamw_f32(static_cast<float*>(j.param) + begin, static_cast<const float*>(j.grad) + begin, j.exp_avg + begin,
+              j.exp_avg_sq + begin, end - begin, j.scalars);
+    return;
+  }
+  for (size_t i = begin; i < end; ++i)
+    store_from_float(j.param, i, j.param_dtype,
+                     formula::adamw(load_as_float(j.param, i, j.param_dtype), load_as_float(j.grad, i, j.grad_dtype),
+                                    j.exp_avg[i], j.exp_avg_sq[i], j.max_exp_avg_sq ? j.max_exp_avg_sq + i : nullptr,
+                                    j.scalars));
+}
+
+}  // namespace
+
+void adamw_update_many(Stream& stream, std::span<const ops::AdamWUpdate> updates) {
+  std::vector<AdamWJob> jobs;
+  std::vector<AdamWPiece> pieces;
+  std::vector<std::shared_ptr<Storage>> keep;
+  size_t total = 0;
+  for (const ops::AdamWUpdate& u : updates) {
+    const size_t n = size_t(u.param.numel());
+    if (n == 0) continue;
+    jobs.push_back({u.param.data_ptr(), u.grad.data_ptr(), u.exp_avg.data<float>(), u.exp_avg_sq.data<float>(),
+                    u.max_exp_avg_sq.defined() ? u.max_exp_avg_sq.data<float>() : nullptr, u.param.dtype(), u.grad.dtype(),
+                    u.scalars});
+    for (size_t begin = 0; begin < n; begin += kAdamWPiece) pieces.push_back({jobs.size() - 1, begin, std::min(n, begin + kAdamWPiece)});
+    for (const Tensor* t : {&u.param, &u.grad, &u.exp_avg, &u.exp_avg_sq, &u.max_exp_avg_sq})
+      if (t->defined()) keep.push_back(t->storage());
+    total += n;
+  }
+  if (jobs.empty()) return;
+  stream.enqueue([jobs = std::move(jobs), pieces = std::move(pieces), keep = std::move(keep), total] {
+    const auto count = std::ptrdiff_t(pieces.size());
+    (void)total;  // unread without OpenMP
+#pragma omp parallel for schedule(dynamic, 1) if (total >= kParallelElements)
+    for (std::ptrdiff_t i = 0; i < count; ++i) run_piece(jobs[pieces[size_t(i)].job], pieces[size_t(i)].begin, pieces[size_t(i)].end);
   });
 }
 

@@ -1,6 +1,7 @@
 #include "swapopt/optim/adamw.h"
 
 #include <cmath>
+#include <vector>
 
 #include "group_options.h"
 #include "json.h"
@@ -64,14 +65,23 @@ Tensor range_of(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.
 }  // namespace
 
 void AdamW::update_param(size_t group, Param& param) {
+  Param* const one[] = {&param};
+  update_params(group, one);
+}
+
+void AdamW::update_params(size_t group, std::span<Param* const> params) {
   const AdamWOptions& o = options_.at(group);
-  require_grad(param);
-  Tensor& exp_avg = state_tensor(param, "exp_avg");
-  Tensor& exp_avg_sq = state_tensor(param, "exp_avg_sq");
-  const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(param, "max_exp_avg_sq") : Tensor();
-  ParamState& ps = state_[&param];
-  ps.step += 1;
-  ops::adamw_update(stream_, param.data, param.grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, ps.step));
+  for (const Param* param : params) require_grad(*param);
+  std::vector<ops::AdamWUpdate> updates;
+  updates.reserve(params.size());
+  for (Param* param : params) {
+    const Tensor exp_avg = state_tensor(*param, "exp_avg");
+    const Tensor exp_avg_sq = state_tensor(*param, "exp_avg_sq");
+    const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(*param, "max_exp_avg_sq") : Tensor();
+    updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, state_[param].step + 1)});
+  }
+  ops::adamw_update_many(stream_, updates);
+  for (Param* param : params) state_[param].step += 1;
 }
 
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
@@ -106,8 +116,10 @@ void AdamW::validate_options() const {
 void AdamW::run_step() {
   for (ParamGroup& g : groups_) g.step += 1;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<Param*> with_grads;
     for (const ParamPtr& p : groups_[g].params)
-      if (p->has_grad()) update_param(g, *p);
+      if (p->has_grad()) with_grads.push_back(p.get());
+    update_params(g, with_grads);
   }
 }
 

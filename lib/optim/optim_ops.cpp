@@ -15,6 +15,17 @@ void check_same(const Stream& stream, const Tensor& ref, const Tensor& t, const 
   SWAPOPT_CHECK(t.shape() == ref.shape() && t.is_contiguous(),
                 "[" << op << "] " << name << " " << t.str() << " must be contiguous with shape " << shape_str(ref.shape()));
 }
+
+void check_adamw(const Stream& stream, const Tensor& out_param, const Tensor& grad, const Tensor& out_exp_avg,
+                 const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const char* op) {
+  check_same(stream, out_param, out_param, op, "param");
+  check_same(stream, out_param, grad, op, "grad");
+  check_same(stream, out_param, out_exp_avg, op, "exp_avg");
+  check_same(stream, out_param, out_exp_avg_sq, op, "exp_avg_sq");
+  if (out_max_exp_avg_sq.defined()) check_same(stream, out_param, out_max_exp_avg_sq, op, "max_exp_avg_sq");
+  for (const Tensor* t : {&out_exp_avg, &out_exp_avg_sq, &out_max_exp_avg_sq})
+    SWAPOPT_CHECK(!t->defined() || t->dtype() == DType::f32, "[" << op << "] state must be f32, got " << t->str());
+}
 }  // namespace
 
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& out_buf, const Tensor& out_update, float m1, float m2,
@@ -32,18 +43,23 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& out_buf, co
 
 void adamw_update(Stream& stream, const Tensor& out_param, const Tensor& grad, const Tensor& out_exp_avg,
                   const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const AdamWScalars& scalars) {
-  const char* op = "adamw_update";
-  check_same(stream, out_param, out_param, op, "param");
-  check_same(stream, out_param, grad, op, "grad");
-  check_same(stream, out_param, out_exp_avg, op, "exp_avg");
-  check_same(stream, out_param, out_exp_avg_sq, op, "exp_avg_sq");
-  if (out_max_exp_avg_sq.defined()) check_same(stream, out_param, out_max_exp_avg_sq, op, "max_exp_avg_sq");
-  for (const Tensor* t : {&out_exp_avg, &out_exp_avg_sq, &out_max_exp_avg_sq})
-    SWAPOPT_CHECK(!t->defined() || t->dtype() == DType::f32, "[" << op << "] state must be f32, got " << t->str());
+  check_adamw(stream, out_param, grad, out_exp_avg, out_exp_avg_sq, out_max_exp_avg_sq, "adamw_update");
   if (stream.device().is_cpu()) {
-    cpu::adamw_update(stream, out_param, grad, out_exp_avg, out_exp_avg_sq, out_max_exp_avg_sq, scalars);
+    const AdamWUpdate update{out_param, grad, out_exp_avg, out_exp_avg_sq, out_max_exp_avg_sq, scalars};
+    cpu::adamw_update_many(stream, {&update, 1});
   } else {
     cuda::adamw_update(stream, out_param, grad, out_exp_avg, out_exp_avg_sq, out_max_exp_avg_sq, scalars);
+  }
+}
+
+void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates) {
+  for (const AdamWUpdate& u : updates)
+    check_adamw(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, "adamw_update_many");
+  if (stream.device().is_cpu()) {
+    cpu::adamw_update_many(stream, updates);
+  } else {
+    for (const AdamWUpdate& u : updates)
+      cuda::adamw_update(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, u.scalars);
   }
 }
 

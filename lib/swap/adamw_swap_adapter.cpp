@@ -35,9 +35,14 @@ void AdamWSwapAdapter::begin_step() {
 }
 
 void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
-  for (UpdateUnit& unit : batch) {
-    adamw_.update_param(unit.group, *unit.params.front());
-    unit.done = true;
+  // One fused update per run of units of the same group (a batch holds consecutive units).
+  for (size_t first = 0; first < batch.size();) {
+    size_t end = first;
+    std::vector<Param*> params;
+    while (end < batch.size() && batch[end].group == batch[first].group) params.push_back(batch[end++].params.front());
+    adamw_.update_params(batch[first].group, params);
+    for (size_t u = first; u < end; ++u) batch[u].done = true;
+    first = end;
   }
 }
 

@@ -65,3 +65,81 @@ TEST_CASE("formulas: the CPU ops compute exactly the shared functions (every dty
       CHECK(mismatches == 0);
     }
 }
+
+TEST_CASE("formulas: the fused updates compute exactly the shared functions, one list of many sizes") {
+  // Sizes around the CPU's work piece (16384 elements) and the threshold for threads (65536 in
+  // all), so that every piece boundary and the split over threads are crossed; dtypes, amsgrad
+  // and scalars differ per tensor, and one list mixes them all.
+  const int64_t sizes[] = {0, 1, 300, 16383, 16384, 16385, 70001};
+  Stream s(Device::cpu());
+  std::vector<ops::AdamWUpdate> updates;
+  std::vector<std::vector<float>> p0, g0, m0, v0, vmax0;
+  uint64_t seed = 10;
+  for (int64_t n : sizes)
+    for (DType pd : {DType::f32, DType::bf16})
+      for (bool amsgrad : {false, true}) {
+        const DType gd = amsgrad ? DType::bf16 : DType::f32;
+        const size_t count = size_t(n);
+        p0.push_back(test::random_values(count, ++seed));
+        g0.push_back(test::random_values(count, ++seed));
+        m0.push_back(test::random_values(count, ++seed));
+        v0.push_back(test::random_values(count, ++seed));
+        vmax0.push_back(test::random_values(count, ++seed));
+        for (float& v : v0.back()) v = v * v;
+        for (float& v : vmax0.back()) v = v * v;
+        ops::AdamWUpdate u;
+        u.param = Tensor::from_floats(p0.back(), {n}, pd);
+        u.grad = Tensor::from_floats(g0.back(), {n}, gd);
+        u.exp_avg = Tensor::from_floats(m0.back(), {n}, DType::f32);
+        u.exp_avg_sq = Tensor::from_floats(v0.back(), {n}, DType::f32);
+        if (amsgrad) u.max_exp_avg_sq = Tensor::from_floats(vmax0.back(), {n}, DType::f32);
+        u.scalars.decay = 1.f - 1e-3f * float(updates.size());
+        u.scalars.neg_step_size = -1e-2f / float(1 + updates.size());
+        updates.push_back(u);
+      }
+  ops::adamw_update_many(s, updates);
+  s.synchronize();
+  size_t mismatches = 0, checked = 0;
+  for (size_t t = 0; t < updates.size(); ++t) {
+    const ops::AdamWUpdate& u = updates[t];
+    const DType pd = u.param.dtype(), gd = u.grad.dtype();
+    const float* m = u.exp_avg.data<float>();
+    const float* v = u.exp_avg_sq.data<float>();
+    const float* vmax = u.max_exp_avg_sq.defined() ? u.max_exp_avg_sq.data<float>() : nullptr;
+    for (size_t i = 0; i < p0[t].size(); ++i) {
+      float want_m = m0[t][i], want_v = v0[t][i], want_vmax = vmax0[t][i];
+      const float want_p = formula::adamw(test::round_to(p0[t][i], pd), test::round_to(g0[t][i], gd), want_m, want_v,
+                                          vmax ? &want_vmax : nullptr, u.scalars);
+      mismatches += stored_bits(u.param, i) != bits_in(want_p, pd);
+      mismatches += formula::float_bits(m[i]) != formula::float_bits(want_m);
+      mismatches += formula::float_bits(v[i]) != formula::float_bits(want_v);
+      if (vmax) mismatches += formula::float_bits(vmax[i]) != formula::float_bits(want_vmax);
+      ++checked;
+    }
+  }
+  CHECK(checked == 2 * 2 * size_t(1 + 300 + 16383 + 16384 + 16385 + 70001));
+  CHECK(mismatches == 0);
+
+  // The other loops split over threads past 65536 elements: momentum, lerp, cast, scaling.
+  const int64_t n = 70001;
+  const std::vector<float> g = test::random_values(size_t(n), 1), b = test::random_values(size_t(n), 2);
+  const Tensor grad = Tensor::from_floats(g, {n}, DType::f32), buf = Tensor::from_floats(b, {n}, DType::f32);
+  const Tensor update = Tensor::zeros({n}, DType::f32, Device::cpu());
+  ops::muon_momentum(s, grad, buf, update, 0.95f, 0.9f, true);
+  const Tensor lerp = Tensor::from_floats(b, {n}, DType::bf16), cast = Tensor::zeros({n}, DType::bf16, Device::cpu());
+  ops::lerp(s, lerp, grad, 0.3f);
+  ops::cast(s, grad, cast);
+  const Tensor scaled = Tensor::from_floats(g, {n}, DType::f32), norm = Tensor::from_floats({3.f}, {1}, DType::f32);
+  ops::scale_by_inverse_norm(s, scaled, norm, 1e-7f);
+  s.synchronize();
+  mismatches = 0;
+  for (size_t i = 0; i < size_t(n); ++i) {
+    const formula::MomentumOut out = formula::muon_momentum(g[i], b[i], 0.95f, 0.9f, true);
+    mismatches += stored_bits(buf, i) != formula::float_bits(out.buf);
+    mismatches += stored_bits(update, i) != formula::float_bits(out.update);
+    mismatches += stored_bits(lerp, i) != bits_in(formula::lerp(test::round_to(b[i], DType::bf16), g[i], 0.3f), DType::bf16);
+    mismatches += stored_bits(cast, i) != bits_in(g[i], DType::bf16);
+    mismatches += stored_bits(scaled, i) != formula::float_bits(formula::scale_by_inverse_norm(g[i], 3.f, 1e-7f));
+  }
+  CHECK(mismatches == 0);
+}

@@ -2,6 +2,7 @@
 /** AdamW as torch.optim.AdamW computes it (single-tensor order), f32 state for any param dtype. */
 
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,9 +60,12 @@ class AdamW : public Optimizer {
   std::vector<std::string> group_state_keys(size_t group) const override;
   void validate_options() const override;
 
-  /** One parameter's update (state created as zeros if missing; its step += 1). The swap adapter
-   *  calls this for each param of a unit. */
+  /** One parameter's update (state created as zeros if missing; its step += 1). */
   void update_param(size_t group, Param& param);
+  /** update_param on each of `params` (all of `group`), as one fused op on the stream
+   *  (ops::adamw_update_many): many small params share the CPU threads. Every param is checked
+   *  before any step count or state changes. The step and the swap adapter's batches call it. */
+  void update_params(size_t group, std::span<Param* const> params);
   /** update_param on elements [begin, end) of the flattened param (the same bits there): the
    *  chunk that starts at 0 counts the param's step, so chunks must cover [0, numel) in order
    *  within one step. `staged` holds the range of any state kept elsewhere (1-D, end - begin

@@ -3,6 +3,8 @@
  *  for the conventions). Math in f32 with each step rounded as written below: both backends call
  *  the functions of core/elementwise_formulas.h, so their results are bitwise equal. */
 
+#include <span>
+
 #include "swapopt/core/elementwise_formulas.h"
 #include "swapopt/core/stream.h"
 #include "swapopt/core/tensor.h"
@@ -24,5 +26,22 @@ using AdamWScalars = formula::AdamWScalars;
  *  (no amsgrad). State tensors f32; param and grad any dtype. */
 void adamw_update(Stream& stream, const Tensor& out_param, const Tensor& grad, const Tensor& out_exp_avg,
                   const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const AdamWScalars& scalars);
+
+/** The arguments of one adamw_update. */
+struct AdamWUpdate {
+  Tensor param;           ///< Updated in place.
+  Tensor grad;            ///< The param's shape, any dtype.
+  Tensor exp_avg;         ///< f32, updated in place.
+  Tensor exp_avg_sq;      ///< f32, updated in place.
+  Tensor max_exp_avg_sq;  ///< f32, updated in place; undefined without amsgrad.
+  AdamWScalars scalars;   ///< This tensor's step's scalars.
+};
+
+/** adamw_update on each tensor of `updates`, with the same bits. Every update's arguments are
+ *  checked before any work is queued. On the CPU backend the whole list is one task whose
+ *  elements are split over the OpenMP threads, so that many small params (norms, biases, expert
+ *  vectors) share them, where a single small update runs on one thread; on CUDA it is one
+ *  adamw_update per tensor. */
+void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates);
 
 }  // namespace swapopt::ops

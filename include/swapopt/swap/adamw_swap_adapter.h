@@ -18,7 +18,7 @@ class AdamWSwapAdapter : public StateSwapAdapter {
   std::vector<SlotSpec> slot_layout(const std::vector<std::string>& keys) const override;
   std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override;
   void begin_step() override;
-  /** AdamW::update_param for each unit's parameter: the bare step's call. */
+  /** AdamW::update_params over the batch's params, per run of one group: the bare step's call. */
   void step_batch(std::span<UpdateUnit> batch) override;
   /** Every unit is chunkable: its param's chunks run AdamW::update_param_chunk. */
   void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override;
