@@ -309,7 +309,10 @@ void run_scale(const Options& o) {
     if (o.budget > 0) config.device_budget_bytes = o.budget;
     auto swapped = swap_adamw(inner, config);
     std::vector<double> bare_ms, swap_ms;
-    for (int r = 0; r < o.reps + 1; ++r) {  // alternated, the first pair a warm-up
+    // Steps of few params take a millisecond, where a thread descheduled for a moment on a busy
+    // machine adds several: they get more repetitions (20000 / params, at least --reps).
+    const int step_reps = std::max(o.reps, int(20000 / n));
+    for (int r = 0; r < step_reps + 1; ++r) {  // alternated, the first pair a warm-up
       const auto t0 = std::chrono::steady_clock::now();
       bare.step();
       stream.synchronize();
