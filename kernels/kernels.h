@@ -41,4 +41,22 @@ void muon_momentum(cudaStream_t stream, int64_t n, const void* grad, int grad_dt
 void adamw_update(cudaStream_t stream, int64_t n, void* param, int param_dtype, const void* grad, int grad_dtype,
                   float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, formula::AdamWScalars args);
 
+/** One tensor's adamw_update arguments. */
+struct AdamWTensor {
+  int64_t n;
+  void* param;
+  int param_dtype;
+  const void* grad;
+  int grad_dtype;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* max_exp_avg_sq;  // null without amsgrad
+  formula::AdamWScalars args;
+};
+
+/** adamw_update on each of `count` tensors, with the same bits, in a few launches: the tensors of
+ *  one (param dtype, grad dtype, amsgrad) kind go together, their lists passed by value as kernel
+ *  arguments (no copy to the device), one block per 16384-element chunk. */
+void adamw_update_many(cudaStream_t stream, const AdamWTensor* tensors, size_t count);
+
 }  // namespace swapopt::kernels

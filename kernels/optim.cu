@@ -1,6 +1,8 @@
 // Fused optimizer updates: one pass over the elements, the math of swapopt/core/elementwise_formulas.h.
 // Dtypes are template parameters; with every buffer 16-byte aligned a thread takes kVec elements
 // at a time (each state element is read once and written once), the remainder one at a time.
+#include <vector>
+
 #include "dtype_access.cuh"
 #include "kernels.h"
 
@@ -36,26 +38,111 @@ __global__ void muon_momentum_kernel(int64_t n, const void* __restrict__ grad, v
 
 // exp_avg, exp_avg_sq and max_exp_avg_sq are f32 (the state dtype); AMSGrad is a template
 // parameter so that the plain update carries no null checks.
+
+/** AdamW on elements [w * kVec, w * kVec + kVec) of 16-byte aligned buffers. */
+template <int PD, int GD, bool kAmsgrad>
+__device__ __forceinline__ void adamw_vector(void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
+                                             float* __restrict__ v, float* __restrict__ vmax, int64_t w,
+                                             const formula::AdamWScalars& k) {
+  float p[kVec], g[kVec], mm[kVec], vv[kVec], vm[kVec];
+  load_vec<PD>(param, w, p);
+  load_vec<GD>(grad, w, g);
+  load_vec<kF32>(m, w, mm);
+  load_vec<kF32>(v, w, vv);
+  if constexpr (kAmsgrad) load_vec<kF32>(vmax, w, vm);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) p[e] = formula::adamw(p[e], g[e], mm[e], vv[e], kAmsgrad ? &vm[e] : nullptr, k);
+  store_vec<PD>(param, w, p);
+  store_vec<kF32>(m, w, mm);
+  store_vec<kF32>(v, w, vv);
+  if constexpr (kAmsgrad) store_vec<kF32>(vmax, w, vm);
+}
+
+/** AdamW on element i. */
+template <int PD, int GD, bool kAmsgrad>
+__device__ __forceinline__ void adamw_element(void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
+                                              float* __restrict__ v, float* __restrict__ vmax, int64_t i,
+                                              const formula::AdamWScalars& k) {
+  store_f32<PD>(param, i, formula::adamw(load_f32<PD>(param, i), load_f32<GD>(grad, i), m[i], v[i], kAmsgrad ? vmax + i : nullptr, k));
+}
+
 template <int PD, int GD, bool kAmsgrad>
 __global__ void adamw_kernel(int64_t n, void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
                              float* __restrict__ v, float* __restrict__ vmax, formula::AdamWScalars k, bool vectors) {
   const int64_t head = vector_part(n, vectors);
-  for (int64_t w = first_index(); w < head / kVec; w += grid_stride()) {
-    float p[kVec], g[kVec], mm[kVec], vv[kVec], vm[kVec];
-    load_vec<PD>(param, w, p);
-    load_vec<GD>(grad, w, g);
-    load_vec<kF32>(m, w, mm);
-    load_vec<kF32>(v, w, vv);
-    if constexpr (kAmsgrad) load_vec<kF32>(vmax, w, vm);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) p[e] = formula::adamw(p[e], g[e], mm[e], vv[e], kAmsgrad ? &vm[e] : nullptr, k);
-    store_vec<PD>(param, w, p);
-    store_vec<kF32>(m, w, mm);
-    store_vec<kF32>(v, w, vv);
-    if constexpr (kAmsgrad) store_vec<kF32>(vmax, w, vm);
+  for (int64_t w = first_index(); w < head / kVec; w += grid_stride()) adamw_vector<PD, GD, kAmsgrad>(param, grad, m, v, vmax, w, k);
+  for (int64_t i = head + first_index(); i < n; i += grid_stride()) adamw_element<PD, GD, kAmsgrad>(param, grad, m, v, vmax, i, k);
+}
+
+// The list kernel: block b updates chunk `chunk[b]` of tensor `tensor[b]` of the list. The list is
+// a kernel argument (copied at launch, so the host may reuse it at once), kept under the 4096
+// bytes every CUDA version accepts: 24 tensors * 77 bytes + 320 chunks * 5 bytes + padding.
+constexpr int kListTensors = 24;
+constexpr int kListChunks = 320;
+constexpr int64_t kChunk = 16384;  // a multiple of kVec: vectors within a chunk stay aligned
+
+struct AdamWList {
+  void* param[kListTensors];
+  const void* grad[kListTensors];
+  float* m[kListTensors];
+  float* v[kListTensors];
+  float* vmax[kListTensors];
+  int64_t n[kListTensors];
+  formula::AdamWScalars k[kListTensors];
+  bool vectors[kListTensors];
+  uint8_t tensor[kListChunks];
+  int32_t chunk[kListChunks];
+};
+static_assert(sizeof(AdamWList) <= 4096, "kernel arguments are limited to 4096 bytes before CUDA 12.1");
+static_assert(kListTensors <= 256 && kChunk % kVec == 0);
+
+template <int PD, int GD, bool kAmsgrad>
+__global__ void adamw_list_kernel(const AdamWList list) {
+  const int t = list.tensor[blockIdx.x];
+  const int64_t begin = int64_t(list.chunk[blockIdx.x]) * kChunk;
+  const int64_t end = begin + kChunk < list.n[t] ? begin + kChunk : list.n[t];
+  void* param = list.param[t];
+  const void* grad = list.grad[t];
+  float *m = list.m[t], *v = list.v[t], *vmax = list.vmax[t];
+  const formula::AdamWScalars k = list.k[t];
+  const int64_t head = list.vectors[t] ? begin + (end - begin) / kVec * kVec : begin;
+  for (int64_t w = begin / kVec + threadIdx.x; w < head / kVec; w += blockDim.x) adamw_vector<PD, GD, kAmsgrad>(param, grad, m, v, vmax, w, k);
+  for (int64_t i = head + threadIdx.x; i < end; i += blockDim.x) adamw_element<PD, GD, kAmsgrad>(param, grad, m, v, vmax, i, k);
+}
+
+/** Launches the list kernel over `group` (tensors of one kind), a launch per full list. */
+template <int PD, int GD, bool kAmsgrad>
+void launch_adamw_lists(cudaStream_t stream, const std::vector<const AdamWTensor*>& group) {
+  AdamWList list{};
+  int tensors = 0, chunks = 0;
+  const auto flush = [&] {
+    if (chunks > 0) adamw_list_kernel<PD, GD, kAmsgrad><<<chunks, kThreads, 0, stream>>>(list);
+    tensors = 0;
+    chunks = 0;
+  };
+  for (const AdamWTensor* a : group) {
+    const int64_t count = (a->n + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < count; ++c) {
+      if (chunks == kListChunks) flush();
+      if (c == 0 || tensors == 0) {  // the tensor's entry: new, or again in a fresh list
+        if (tensors == kListTensors) flush();
+        list.param[tensors] = a->param;
+        list.grad[tensors] = a->grad;
+        list.m[tensors] = a->exp_avg;
+        list.v[tensors] = a->exp_avg_sq;
+        list.vmax[tensors] = a->max_exp_avg_sq;
+        list.n[tensors] = a->n;
+        list.k[tensors] = a->args;
+        list.vectors[tensors] = vector_aligned(a->param) && vector_aligned(a->grad) && vector_aligned(a->exp_avg) &&
+                                vector_aligned(a->exp_avg_sq) && (!kAmsgrad || vector_aligned(a->max_exp_avg_sq));
+        ++tensors;
+      }
+      list.tensor[chunks] = uint8_t(tensors - 1);
+      list.chunk[chunks] = int32_t(c);
+      ++chunks;
+    }
   }
-  for (int64_t i = head + first_index(); i < n; i += grid_stride())
-    store_f32<PD>(param, i, formula::adamw(load_f32<PD>(param, i), load_f32<GD>(grad, i), m[i], v[i], kAmsgrad ? vmax + i : nullptr, k));
+  flush();
 }
 
 }  // namespace
@@ -90,6 +177,22 @@ void adamw_update(cudaStream_t stream, int64_t n, void* param, int pd, const voi
       }
     });
   });
+}
+
+void adamw_update_many(cudaStream_t stream, const AdamWTensor* tensors, size_t count) {
+  // One group per (param dtype, grad dtype, amsgrad): the kernel's template parameters.
+  std::vector<const AdamWTensor*> groups[3][3][2];
+  for (size_t i = 0; i < count; ++i)
+    if (tensors[i].n > 0) groups[tensors[i].param_dtype][tensors[i].grad_dtype][tensors[i].max_exp_avg_sq != nullptr].push_back(&tensors[i]);
+  for (int pd = 0; pd < 3; ++pd)
+    for (int gd = 0; gd < 3; ++gd)
+      with_dtype(pd, [&](auto P) {
+        with_dtype(gd, [&](auto G) {
+          constexpr int kP = decltype(P)::value, kG = decltype(G)::value;
+          launch_adamw_lists<kP, kG, false>(stream, groups[pd][gd][0]);
+          launch_adamw_lists<kP, kG, true>(stream, groups[pd][gd][1]);
+        });
+      });
 }
 
 }  // namespace swapopt::kernels

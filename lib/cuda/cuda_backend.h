@@ -62,5 +62,6 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
                    bool nesterov);
 void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                   const Tensor& max_exp_avg_sq, const ops::AdamWScalars& scalars);
+void adamw_update_many(Stream& stream, std::span<const ops::AdamWUpdate> updates);
 
 }  // namespace swapopt::cuda

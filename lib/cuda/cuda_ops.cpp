@@ -1,4 +1,6 @@
 // CUDA ops: GEMM and SYRK on cuBLAS (f32 accumulation), the rest as kernels/ launches.
+#include <vector>
+
 #include "../../kernels/kernels.h"
 #include "../core/matrix_layout.h"
 #include "cuda_backend.h"
@@ -160,6 +162,18 @@ void adamw_update(Stream& stream, const Tensor& param, const Tensor& grad, const
   kernels::adamw_update(static_cast<CudaStream&>(stream.impl()).stream(), param.numel(), param.data_ptr(), int(param.dtype()),
                         grad.data_ptr(), int(grad.dtype()), exp_avg.data<float>(), exp_avg_sq.data<float>(),
                         max_exp_avg_sq.defined() ? max_exp_avg_sq.data<float>() : nullptr, k);
+  SWAPOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update_many(Stream& stream, std::span<const ops::AdamWUpdate> updates) {
+  SWAPOPT_ON_STREAM_DEVICE(stream);
+  std::vector<kernels::AdamWTensor> tensors;
+  tensors.reserve(updates.size());
+  for (const ops::AdamWUpdate& u : updates)
+    tensors.push_back({u.param.numel(), u.param.data_ptr(), int(u.param.dtype()), u.grad.data_ptr(), int(u.grad.dtype()),
+                       u.exp_avg.data<float>(), u.exp_avg_sq.data<float>(),
+                       u.max_exp_avg_sq.defined() ? u.max_exp_avg_sq.data<float>() : nullptr, u.scalars});
+  kernels::adamw_update_many(static_cast<CudaStream&>(stream.impl()).stream(), tensors.data(), tensors.size());
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -36,4 +36,5 @@ void muon_momentum(Stream&, const Tensor&, const Tensor&, const Tensor&, float, 
 void adamw_update(Stream&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const ops::AdamWScalars&) {
   not_built("adamw_update");
 }
+void adamw_update_many(Stream&, std::span<const ops::AdamWUpdate>) { not_built("adamw_update_many"); }
 }  // namespace swapopt::cuda

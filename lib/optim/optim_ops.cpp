@@ -58,8 +58,7 @@ void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates) {
   if (stream.device().is_cpu()) {
     cpu::adamw_update_many(stream, updates);
   } else {
-    for (const AdamWUpdate& u : updates)
-      cuda::adamw_update(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, u.scalars);
+    cuda::adamw_update_many(stream, updates);
   }
 }
 

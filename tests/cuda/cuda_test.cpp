@@ -1,4 +1,5 @@
 // CUDA backend against the CPU backend. Skipped (with the reason printed by main) without a device.
+#include <array>
 #include <limits>
 
 #include "test_util.h"
@@ -191,6 +192,57 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     const Tensor x = Tensor::from_floats(std::vector<float>(a.begin(), a.begin() + 7 * (n / 7)), {7, n / 7}, DType::f32);
     Tensor norms = Tensor::from_floats({1.f, 2.f, nan, 0.f, 1e-30f, inf, 3.f}, {7});
     CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
+  }
+
+  TEST_CASE("adamw_update_many on CUDA equals the CPU bitwise: 90 tensors of every kind, lists and chunks overflowing") {
+    // More tensors of one kind than a launch's list holds (24) and more chunks than its blocks
+    // (320 of 16384 elements), sizes around the chunk and the vector width, every third tensor a
+    // view one element off 16-byte alignment (the kernel's one-at-a-time path).
+    const int64_t sizes[] = {1, 7, 8, 9, 16383, 16384, 16385, 100003, 2000000};
+    Stream cs(Device::cpu()), gs(Device::cuda(0));
+    auto on_gpu = [&](const Tensor& cpu, bool misaligned) {
+      if (!misaligned) return cpu.to(Device::cuda(0));
+      const Tensor big = Tensor::zeros({cpu.numel() + 1}, cpu.dtype(), Device::cuda(0));
+      const Tensor view = big.narrow(0, 1, cpu.numel()).view(cpu.shape());
+      ops::copy(gs, cpu.to(Device::cuda(0)), view);
+      return view;
+    };
+    std::vector<ops::AdamWUpdate> cpu, gpu;
+    for (int i = 0; i < 90; ++i) {
+      const int64_t n = sizes[size_t(i) % 9];
+      // The first 60 of one kind (f32 param and grad, no amsgrad: three lists, six 2M-element
+      // tensors of 123 chunks each), the last 30 over all twelve kinds.
+      const int kind = i < 60 ? 0 : i % 12;
+      const DType pd = std::array{DType::f32, DType::bf16, DType::f16}[size_t(kind % 3)];
+      const DType gd = (kind / 3) % 2 ? DType::bf16 : DType::f32;
+      const bool amsgrad = kind >= 6, misaligned = i % 3 == 0;
+      ops::AdamWUpdate c;
+      c.param = test::random_tensor({n}, pd, uint32_t(5 * i + 1));
+      c.grad = test::random_tensor({n}, gd, uint32_t(5 * i + 2));
+      c.exp_avg = test::random_tensor({n}, DType::f32, uint32_t(5 * i + 3));
+      c.exp_avg_sq = test::random_tensor({n}, DType::f32, uint32_t(5 * i + 4));
+      for (int64_t e = 0; e < n; ++e) c.exp_avg_sq.data<float>()[e] = std::fabs(c.exp_avg_sq.data<float>()[e]);
+      if (amsgrad) c.max_exp_avg_sq = c.exp_avg_sq.clone();
+      c.scalars.decay = 1.f - 1e-4f * float(i);
+      c.scalars.bias_correction2_sqrt = 0.3f;
+      c.scalars.neg_step_size = -0.01f / float(1 + i);
+      ops::AdamWUpdate g = c;
+      for (Tensor* t : {&g.param, &g.grad, &g.exp_avg, &g.exp_avg_sq, &g.max_exp_avg_sq})
+        if (t->defined()) *t = on_gpu(*t, misaligned);
+      cpu.push_back(c);
+      gpu.push_back(g);
+    }
+    gs.synchronize();
+    ops::adamw_update_many(cs, cpu);
+    ops::adamw_update_many(gs, gpu);
+    cs.synchronize();
+    gs.synchronize();
+    size_t differ = 0;
+    for (size_t i = 0; i < cpu.size(); ++i)
+      for (auto member : {&ops::AdamWUpdate::param, &ops::AdamWUpdate::exp_avg, &ops::AdamWUpdate::exp_avg_sq,
+                          &ops::AdamWUpdate::max_exp_avg_sq})
+        if ((cpu[i].*member).defined() && !test::same_bits_or_both_nan(cpu[i].*member, (gpu[i].*member).to(Device::cpu()))) ++differ;
+    CHECK(differ == 0);
   }
 
   TEST_CASE("vector and one-at-a-time kernels give the same bits: every op on views one element off 16-byte alignment") {
