@@ -1,6 +1,7 @@
 #include "swapopt/optim/adamw.h"
 
 #include <cmath>
+#include <unordered_set>
 #include <vector>
 
 #include "group_options.h"
@@ -71,7 +72,12 @@ void AdamW::update_param(size_t group, Param& param) {
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
   const AdamWOptions& o = options_.at(group);
-  for (const Param* param : params) require_grad(*param);
+  std::unordered_set<const Param*> listed;
+  for (const Param* param : params) {
+    require_grad(*param);
+    // Updates in one op run concurrently: a param listed twice would race with itself.
+    SWAPOPT_CHECK(listed.insert(param).second, "[AdamW] param '" << param->name << "' is listed twice in one update");
+  }
   std::vector<ops::AdamWUpdate> updates;
   updates.reserve(params.size());
   for (Param* param : params) {

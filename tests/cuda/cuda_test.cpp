@@ -194,10 +194,11 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
   }
 
-  TEST_CASE("adamw_update_many on CUDA equals the CPU bitwise: 90 tensors of every kind, lists and chunks overflowing") {
+  TEST_CASE("adamw_update_many on CUDA equals the CPU bitwise: 96 tensors of every kind, lists and chunks overflowing") {
     // More tensors of one kind than a launch's list holds (24) and more chunks than its blocks
-    // (320 of 16384 elements), sizes around the chunk and the vector width, every third tensor a
-    // view one element off 16-byte alignment (the kernel's one-at-a-time path).
+    // (320 of 16384 elements), sizes around the chunk and the vector width; every fifth tensor's
+    // buffers are views one element off 16-byte alignment (the kernel's one-at-a-time path), and
+    // some tensors have only their grad or only max_exp_avg_sq off (each buffer decides).
     const int64_t sizes[] = {1, 7, 8, 9, 16383, 16384, 16385, 100003, 2000000};
     Stream cs(Device::cpu()), gs(Device::cuda(0));
     auto on_gpu = [&](const Tensor& cpu, bool misaligned) {
@@ -208,14 +209,14 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
       return view;
     };
     std::vector<ops::AdamWUpdate> cpu, gpu;
-    for (int i = 0; i < 90; ++i) {
+    const std::array dtypes{DType::f32, DType::bf16, DType::f16};
+    for (int i = 0; i < 96; ++i) {
       const int64_t n = sizes[size_t(i) % 9];
       // The first 60 of one kind (f32 param and grad, no amsgrad: three lists, six 2M-element
-      // tensors of 123 chunks each), the last 30 over all twelve kinds.
-      const int kind = i < 60 ? 0 : i % 12;
-      const DType pd = std::array{DType::f32, DType::bf16, DType::f16}[size_t(kind % 3)];
-      const DType gd = (kind / 3) % 2 ? DType::bf16 : DType::f32;
-      const bool amsgrad = kind >= 6, misaligned = i % 3 == 0;
+      // tensors of 123 chunks each), the last 36 over all eighteen kinds, twice.
+      const int kind = i < 60 ? 0 : i % 18;
+      const DType pd = dtypes[size_t(kind % 3)], gd = dtypes[size_t(kind / 3 % 3)];
+      const bool amsgrad = kind >= 9, misaligned = i % 5 == 0;
       ops::AdamWUpdate c;
       c.param = test::random_tensor({n}, pd, uint32_t(5 * i + 1));
       c.grad = test::random_tensor({n}, gd, uint32_t(5 * i + 2));
@@ -229,6 +230,8 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
       ops::AdamWUpdate g = c;
       for (Tensor* t : {&g.param, &g.grad, &g.exp_avg, &g.exp_avg_sq, &g.max_exp_avg_sq})
         if (t->defined()) *t = on_gpu(*t, misaligned);
+      if (i % 5 == 1) g.grad = on_gpu(c.grad, true);  // only the grad off alignment
+      if (i % 5 == 2 && amsgrad) g.max_exp_avg_sq = on_gpu(c.max_exp_avg_sq, true);
       cpu.push_back(c);
       gpu.push_back(g);
     }

@@ -38,11 +38,13 @@ struct AdamWUpdate {
 };
 
 /** adamw_update on each tensor of `updates`, with the same bits. Every update's arguments are
- *  checked before any work is queued. On the CPU backend the whole list is one task whose
- *  elements are split over the OpenMP threads, so that many small params (norms, biases, expert
- *  vectors) share them, where a single small update runs on one thread; on CUDA the tensors of
- *  one kind (param dtype, grad dtype, amsgrad) go to one kernel launch per 24 tensors or 320
- *  chunks of 16384 elements, where adamw_update is a launch per tensor. */
+ *  checked before any work is queued. The updates run concurrently: no two may write the same
+ *  memory (params and states distinct; one grad read by several is fine). On the CPU backend
+ *  the whole list is one task whose elements are split over the OpenMP threads, so that many
+ *  small params (norms, biases, expert vectors) share them, where a single small update runs on
+ *  one thread; on CUDA the tensors of one kind (param dtype, grad dtype, amsgrad) go to one
+ *  kernel launch per 24 tensors or 320 chunks of 16384 elements, where adamw_update is a launch
+ *  per tensor. */
 void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates);
 
 }  // namespace swapopt::ops
