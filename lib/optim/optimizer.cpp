@@ -72,6 +72,31 @@ void Optimizer::record_step_events() {
   params_updated_.record(stream_);
 }
 
+void Optimizer::check_disjoint(const std::vector<ParamPtr>& added) const {
+  // Each param's update writes its memory; two params over the same bytes would be updated twice
+  // (and, in one fused op, at once). Params are contiguous: a byte range each, sorted by start.
+  struct Range {
+    const char* begin;
+    const char* end;
+    const Param* param;
+  };
+  std::vector<Range> ranges;
+  const auto add = [&](const ParamPtr& p) {
+    if (p->data.nbytes() == 0 || p->data.is_released()) return;  // no memory to share
+    const char* begin = static_cast<const char*>(p->data.data_ptr());
+    ranges.push_back({begin, begin + p->data.nbytes(), p.get()});
+  };
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) add(p);
+  for (const ParamPtr& p : added) add(p);
+  // Stable: of two params starting at one address, the one added first is named first.
+  std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return std::less<>()(a.begin, b.begin); });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    SWAPOPT_CHECK(!std::less<>()(ranges[i].begin, ranges[i - 1].end),
+                  "[" << name_ << "] parameters '" << ranges[i - 1].param->name << "' and '" << ranges[i].param->name
+                      << "' share memory (an update of one would change the other)");
+}
+
 void Optimizer::add_group(std::vector<ParamPtr> params) {
   // Checked against the params of earlier groups and of this one; nothing changes until all pass.
   std::unordered_set<const Param*> seen;
@@ -90,6 +115,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
     SWAPOPT_CHECK(p->data.device() == device(), "[" << name_ << "] parameter '" << p->name << "' is on "
                                                     << p->data.device().str() << ", the optimizer on " << device().str());
   }
+  check_disjoint(params);
   int64_t index = int64_t(param_indices_.size());
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);

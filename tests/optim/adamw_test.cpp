@@ -138,3 +138,20 @@ TEST_CASE("AdamW::update_params: one op over the list, bitwise the per-param upd
   CHECK(serialize_state_dict(list.state_dict()) == before);
   CHECK(test::same_bits(a[1]->data, data_before));
 }
+
+TEST_CASE("params that share memory are refused by name; disjoint views of one buffer are fine") {
+  const Tensor flat = Tensor::zeros({100}, DType::f32, Device::cpu());
+  AdamW adamw(Stream(Device::cpu()));
+  // Disjoint views of one buffer (a flat parameter buffer): accepted, in one group or several.
+  adamw.add_param_group({make_param("a", flat.narrow(0, 0, 40)), make_param("b", flat.narrow(0, 40, 30))});
+  adamw.add_param_group({make_param("c", flat.narrow(0, 70, 30))});
+  // The same bytes twice, or a view overlapping an earlier group's: named, and nothing added.
+  CHECK_THROWS_WITH_AS(adamw.add_param_group({make_param("d", flat.narrow(0, 39, 2))}),
+                       "[AdamW] parameters 'a' and 'd' share memory (an update of one would change the other)", Error);
+  const Tensor w = Tensor::zeros({8}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(adamw.add_param_group({make_param("w", w), make_param("tied", w)}),
+                       "[AdamW] parameters 'w' and 'tied' share memory (an update of one would change the other)", Error);
+  CHECK(adamw.param_groups().size() == 2);
+  adamw.add_param_group({make_param("d", flat.narrow(0, 0, 0)), make_param("w", w)});  // empty: no memory to share
+  CHECK(adamw.param_groups().size() == 3);
+}

@@ -63,9 +63,10 @@ class AdamW : public Optimizer {
   /** One parameter's update (state created as zeros if missing; its step += 1). */
   void update_param(size_t group, Param& param);
   /** update_param on each of `params` (all of `group`), as one fused op on the stream
-   *  (ops::adamw_update_many): many small params share the CPU threads. Every param is checked
-   *  (a grad of its shape; listed once) before any step count or state changes. The step and the
-   *  swap adapter's batches call it. */
+   *  (ops::adamw_update_many): many small params share the CPU threads. Grads are checked (present,
+   *  of the param's shape; each param listed once) before anything changes; missing state is then
+   *  created as zeros, and the op's own checks (contiguous, on the stream's device) run before any
+   *  step count changes. The step and the swap adapter's batches call it. */
   void update_params(size_t group, std::span<Param* const> params);
   /** update_param on elements [begin, end) of the flattened param (the same bits there): the
    *  chunk that starts at 0 counts the param's step, so chunks must cover [0, numel) in order

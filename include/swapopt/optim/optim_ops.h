@@ -39,7 +39,8 @@ struct AdamWUpdate {
 
 /** adamw_update on each tensor of `updates`, with the same bits. Every update's arguments are
  *  checked before any work is queued. The updates run concurrently: no two may write the same
- *  memory (params and states distinct; one grad read by several is fine). On the CPU backend
+ *  memory, and no grad may be another update's param or state (one grad read by several is
+ *  fine; optimizers reject params that share memory). On the CPU backend
  *  the whole list is one task whose elements are split over the OpenMP threads, so that many
  *  small params (norms, biases, expert vectors) share them, where a single small update runs on
  *  one thread; on CUDA the tensors of one kind (param dtype, grad dtype, amsgrad) go to one

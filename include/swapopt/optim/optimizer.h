@@ -233,6 +233,8 @@ class Optimizer {
   void release_retired_grads();
 
  private:
+  /** Throws if two params (those already added and `added`) share memory, naming both. */
+  void check_disjoint(const std::vector<ParamPtr>& added) const;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */
