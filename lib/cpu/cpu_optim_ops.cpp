@@ -15,6 +15,24 @@ namespace swapopt::cpu {
 
 namespace {
 [[maybe_unused]] constexpr size_t kParallelElements = size_t(1) << 16;  // unread without OpenMP
+
+// The loops' arguments are the functions' own: scalars read through a lambda's closure keep GCC
+// from vectorising a loop (as in cpu_ops.cpp).
+
+void momentum_f32(const float* g, float* buf, float* update, size_t n, float m1, float m2, bool nesterov) {
+#pragma omp parallel for simd if (n >= kParallelElements)
+  for (size_t i = 0; i < n; ++i) {
+    const formula::MomentumOut out = formula::muon_momentum(g[i], buf[i], m1, m2, nesterov);
+    buf[i] = out.buf;
+    update[i] = out.update;
+  }
+}
+
+void adamw_f32(float* p, const float* g, float* m, float* v, size_t n, ops::AdamWScalars k) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) p[i] = formula::adamw(p[i], g[i], m[i], v[i], nullptr, k);
+}
+
 }  // namespace
 
 void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const Tensor& update, float m1, float m2,
@@ -27,18 +45,7 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& buf, const 
   const DType gd = grad.dtype(), bd = buf.dtype(), ud = update.dtype();
   stream.enqueue([=, keep = std::array<std::shared_ptr<Storage>, 3>{grad.storage(), buf.storage(), update.storage()}] {
     if (gd == DType::f32 && bd == DType::f32 && ud == DType::f32) {  // the common case, vectorised
-      const float* gv = static_cast<const float*>(gb);
-      float* bv = static_cast<float*>(bb);
-      float* uv = static_cast<float*>(ub);
-      // The scalars as locals: read through the closure, GCC would not vectorise the loop.
-      const float a = m1, b = m2;
-      const bool nest = nesterov;
-#pragma omp parallel for simd if (n >= kParallelElements)
-      for (size_t i = 0; i < n; ++i) {
-        const formula::MomentumOut out = formula::muon_momentum(gv[i], bv[i], a, b, nest);
-        bv[i] = out.buf;
-        uv[i] = out.update;
-      }
+      momentum_f32(static_cast<const float*>(gb), static_cast<float*>(bb), static_cast<float*>(ub), n, m1, m2, nesterov);
       return;
     }
     for (size_t i = 0; i < n; ++i) {
@@ -72,12 +79,6 @@ struct AdamWPiece {
  *  small enough that a list of small params spreads over the threads, large enough that each
  *  piece is a long vector loop. */
 constexpr size_t kAdamWPiece = size_t(1) << 14;
-
-// The loop's arguments are the function's own, so GCC vectorises it (see cpu_ops.cpp).
-void adamw_f32(float* p, const float* g, float* m, float* v, size_t n, ops::AdamWScalars k) {
-#pragma omp simd
-  for (size_t i = 0; i < n; ++i) p[i] = formula::adamw(p[i], g[i], m[i], v[i], nullptr, k);
-}
 
 void run_piece(const AdamWJob& j, size_t begin, size_t end) {
   if (j.param_dtype == DType::f32 && j.grad_dtype == DType::f32 && j.max_exp_avg_sq == nullptr) {  // the common case

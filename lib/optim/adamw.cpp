@@ -79,15 +79,18 @@ void AdamW::update_params(size_t group, std::span<Param* const> params) {
     SWAPOPT_CHECK(listed.insert(param).second, "[AdamW] param '" << param->name << "' is listed twice in one update");
   }
   std::vector<ops::AdamWUpdate> updates;
+  std::vector<ParamState*> states;  // map entries stay where they are as others are added
   updates.reserve(params.size());
+  states.reserve(params.size());
   for (Param* param : params) {
     const Tensor exp_avg = state_tensor(*param, "exp_avg");
     const Tensor exp_avg_sq = state_tensor(*param, "exp_avg_sq");
     const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(*param, "max_exp_avg_sq") : Tensor();
-    updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, state_[param].step + 1)});
+    states.push_back(&state_[param]);
+    updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, states.back()->step + 1)});
   }
   ops::adamw_update_many(stream_, updates);
-  for (Param* param : params) state_[param].step += 1;
+  for (ParamState* state : states) state->step += 1;
 }
 
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
