@@ -191,6 +191,9 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 
 Tensor Tensor::to(Device device) const {
+  // A copy across devices needs contiguous memory on both sides: a strided view is first made
+  // contiguous on its own device (a strided copy there).
+  if (device != this->device() && !is_contiguous()) return to(this->device()).to(device);
   Tensor out = empty(shape_, dtype_, device);
   Stream& stream = default_stream(device.is_cuda() ? device : this->device());
   ops::copy(stream, *this, out);

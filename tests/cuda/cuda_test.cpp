@@ -70,6 +70,9 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     ops::copy(cpu, host.narrow(2, 6, 5), expected.narrow(2, 6, 5));
     cpu.synchronize();
     CHECK(test::same_bits(back.to(Device::cpu()), expected));
+    // to() across devices takes strided views both ways (made contiguous on their own device first).
+    CHECK(test::same_bits(dev.narrow(2, 6, 5).to(Device::cpu()), host.narrow(2, 6, 5).clone()));
+    CHECK(test::same_bits(host.narrow(1, 3, 9).to(Device::cuda(0)).to(Device::cpu()), host.narrow(1, 3, 9).clone()));
     CHECK_THROWS_WITH_AS(ops::copy(s, dev.transpose(1, 2), Tensor::empty({3, 12, 20}, DType::f32, Device::cuda(0))),
                          doctest::Contains("need unit stride in the last of at least 2 dims"), Error);
   }
@@ -189,7 +192,8 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
           CHECK(both([&](Stream& s, std::vector<Tensor>& t) { ops::adamw_update(s, t[0], t[1], t[2], t[3], amsgrad ? t[4] : Tensor(), k); },
                      {y.clone(), x, Tensor::from_floats(b, {n}), Tensor::from_floats(abs_a, {n}), Tensor::from_floats(abs_a, {n})}));
       }
-    const Tensor x = Tensor::from_floats(std::vector<float>(a.begin(), a.begin() + 7 * (n / 7)), {7, n / 7}, DType::f32);
+    // 7 matrices of 6 x 2381 (6 * 2381 = n / 7), one norm each.
+  const Tensor x = Tensor::from_floats(std::vector<float>(a.begin(), a.begin() + 7 * (n / 7)), {7, 6, n / 42}, DType::f32);
     Tensor norms = Tensor::from_floats({1.f, 2.f, nan, 0.f, 1e-30f, inf, 3.f}, {7});
     CHECK(both([](Stream& s, std::vector<Tensor>& t) { ops::scale_by_inverse_norm(s, t[0], t[1], 1e-7f); }, {x.clone(), norms}));
   }
