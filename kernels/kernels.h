@@ -56,7 +56,7 @@ struct AdamWTensor {
 
 /** adamw_update on each of `count` tensors, with the same bits, in a few launches: the tensors of
  *  one (param dtype, grad dtype, amsgrad) kind go together, their lists passed by value as kernel
- *  arguments (no copy to the device), one block per 16384-element chunk. */
+ *  arguments (no copy to the device) of up to 24 tensors, one block per 8192-element chunk. */
 void adamw_update_many(cudaStream_t stream, const AdamWTensor* tensors, size_t count);
 
 }  // namespace swapopt::kernels

@@ -1,6 +1,7 @@
 // Fused optimizer updates: one pass over the elements, the math of swapopt/core/elementwise_formulas.h.
 // Dtypes are template parameters; with every buffer 16-byte aligned a thread takes kVec elements
 // at a time (each state element is read once and written once), the remainder one at a time.
+#include <algorithm>
 #include <vector>
 
 #include "dtype_access.cuh"
@@ -74,32 +75,37 @@ __global__ void adamw_kernel(int64_t n, void* __restrict__ param, const void* __
   for (int64_t i = head + first_index(); i < n; i += grid_stride()) adamw_element<PD, GD, kAmsgrad>(param, grad, m, v, vmax, i, k);
 }
 
-// The list kernel: block b updates chunk `chunk[b]` of tensor `tensor[b]` of the list. The list is
-// a kernel argument (copied at launch, so the host may reuse it at once), kept under the 4096
-// bytes every CUDA version accepts: 24 tensors * 77 bytes + 320 chunks * 5 bytes + padding.
+// The list kernel: block b updates chunk b of the launch, which belongs to the last tensor whose
+// first chunk is <= b. Every block of a launch is busy (a grid of all the list's chunks), so one
+// launch fills the device however the elements are spread over its tensors. The list is a kernel
+// argument (copied at launch, so the host may reuse it at once), kept under the 4096 bytes every
+// CUDA version accepts.
 constexpr int kListTensors = 24;
-constexpr int kListChunks = 320;
-constexpr int64_t kChunk = 16384;  // a multiple of kVec: vectors within a chunk stay aligned
+constexpr int64_t kChunk = 8192;               // a multiple of kVec: vectors within a chunk stay aligned
+constexpr int64_t kLaunchChunks = int64_t(1) << 20;  // grid x is limited to 2^31 - 1 blocks
 
 struct AdamWList {
+  int tensors = 0;
   void* param[kListTensors];
   const void* grad[kListTensors];
   float* m[kListTensors];
   float* v[kListTensors];
   float* vmax[kListTensors];
   int64_t n[kListTensors];
+  int64_t first_element[kListTensors];    // where this launch starts in the tensor (a multiple of kChunk)
+  int64_t first_chunk[kListTensors + 1];  // the launch's chunk index of the entry's first chunk; [tensors]: the total
   formula::AdamWScalars k[kListTensors];
   bool vectors[kListTensors];
-  uint8_t tensor[kListChunks];
-  int32_t chunk[kListChunks];
 };
 static_assert(sizeof(AdamWList) <= 4096, "kernel arguments are limited to 4096 bytes before CUDA 12.1");
-static_assert(kListTensors <= 256 && kChunk % kVec == 0);
+static_assert(kChunk % kVec == 0);
 
 template <int PD, int GD, bool kAmsgrad>
 __global__ void adamw_list_kernel(const AdamWList list) {
-  const int t = list.tensor[blockIdx.x];
-  const int64_t begin = int64_t(list.chunk[blockIdx.x]) * kChunk;
+  const int64_t c = blockIdx.x;
+  int t = 0;  // the same in the whole block: at most kListTensors uniform steps
+  while (t + 1 < list.tensors && list.first_chunk[t + 1] <= c) ++t;
+  const int64_t begin = list.first_element[t] + (c - list.first_chunk[t]) * kChunk;
   const int64_t end = begin + kChunk < list.n[t] ? begin + kChunk : list.n[t];
   void* param = list.param[t];
   const void* grad = list.grad[t];
@@ -110,36 +116,37 @@ __global__ void adamw_list_kernel(const AdamWList list) {
   for (int64_t i = head + threadIdx.x; i < end; i += blockDim.x) adamw_element<PD, GD, kAmsgrad>(param, grad, m, v, vmax, i, k);
 }
 
-/** Launches the list kernel over `group` (tensors of one kind), a launch per full list. */
+/** Launches the list kernel over `group` (tensors of one kind): one launch per kListTensors
+ *  tensors, a tensor split over two launches only past kLaunchChunks chunks. */
 template <int PD, int GD, bool kAmsgrad>
 void launch_adamw_lists(cudaStream_t stream, const std::vector<const AdamWTensor*>& group) {
   AdamWList list{};
-  int tensors = 0, chunks = 0;
+  int64_t chunks = 0;
   const auto flush = [&] {
-    if (chunks > 0) adamw_list_kernel<PD, GD, kAmsgrad><<<chunks, kThreads, 0, stream>>>(list);
-    tensors = 0;
+    list.first_chunk[list.tensors] = chunks;
+    if (chunks > 0) adamw_list_kernel<PD, GD, kAmsgrad><<<unsigned(chunks), kThreads, 0, stream>>>(list);
+    list.tensors = 0;
     chunks = 0;
   };
   for (const AdamWTensor* a : group) {
-    const int64_t count = (a->n + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < count; ++c) {
-      if (chunks == kListChunks) flush();
-      if (c == 0 || tensors == 0) {  // the tensor's entry: new, or again in a fresh list
-        if (tensors == kListTensors) flush();
-        list.param[tensors] = a->param;
-        list.grad[tensors] = a->grad;
-        list.m[tensors] = a->exp_avg;
-        list.v[tensors] = a->exp_avg_sq;
-        list.vmax[tensors] = a->max_exp_avg_sq;
-        list.n[tensors] = a->n;
-        list.k[tensors] = a->args;
-        list.vectors[tensors] = vector_aligned(a->param) && vector_aligned(a->grad) && vector_aligned(a->exp_avg) &&
-                                vector_aligned(a->exp_avg_sq) && (!kAmsgrad || vector_aligned(a->max_exp_avg_sq));
-        ++tensors;
-      }
-      list.tensor[chunks] = uint8_t(tensors - 1);
-      list.chunk[chunks] = int32_t(c);
-      ++chunks;
+    const bool vectors = vector_aligned(a->param) && vector_aligned(a->grad) && vector_aligned(a->exp_avg) &&
+                         vector_aligned(a->exp_avg_sq) && (!kAmsgrad || vector_aligned(a->max_exp_avg_sq));
+    for (int64_t done = 0, count = (a->n + kChunk - 1) / kChunk; done < count;) {
+      if (list.tensors == kListTensors || chunks == kLaunchChunks) flush();
+      const int t = list.tensors++;
+      const int64_t take = std::min(count - done, kLaunchChunks - chunks);
+      list.param[t] = a->param;
+      list.grad[t] = a->grad;
+      list.m[t] = a->exp_avg;
+      list.v[t] = a->exp_avg_sq;
+      list.vmax[t] = a->max_exp_avg_sq;
+      list.n[t] = a->n;
+      list.first_element[t] = done * kChunk;
+      list.first_chunk[t] = chunks;
+      list.k[t] = a->args;
+      list.vectors[t] = vectors;
+      chunks += take;
+      done += take;
     }
   }
   flush();

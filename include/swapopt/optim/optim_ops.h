@@ -44,7 +44,7 @@ struct AdamWUpdate {
  *  the whole list is one task whose elements are split over the OpenMP threads, so that many
  *  small params (norms, biases, expert vectors) share them, where a single small update runs on
  *  one thread; on CUDA the tensors of one kind (param dtype, grad dtype, amsgrad) go to one
- *  kernel launch per 24 tensors or 320 chunks of 16384 elements, where adamw_update is a launch
+ *  kernel launch per 24 tensors (a block per 8192-element chunk), where adamw_update is a launch
  *  per tensor. */
 void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates);
 
