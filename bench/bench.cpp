@@ -114,14 +114,27 @@ Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint32_t se
 
 void run_ns(const Options& o) {
   Stream s(o.device);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 256}, {512, 512}, {1024, 1024}, {512, 2048}, {2048, 512}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 256}, {512, 512}, {1024, 1024}, {512, 2048}, {2048, 512}};
   std::vector<DType> dtypes = {DType::f32};
-  if (o.device.is_cuda()) dtypes.push_back(DType::bf16);
-  std::fprintf(stderr, "%-12s %-5s %10s %10s %10s %8s\n", "shape", "dtype", "ns_ms", "ns_gflops", "gemm_gflops", "ratio");
+  if (o.device.is_cuda()) {  // the sizes where a GPU's NS is compute-bound; minutes each on a CPU
+    shapes.insert(shapes.end(), {{2048, 2048}, {4096, 4096}, {1024, 4096}, {4096, 1024}});
+    dtypes.push_back(DType::bf16);
+  }
+  // On a GPU one sample is `inner` back-to-back runs, so that the wait for the stream (tens of us)
+  // does not count as the work of a sub-millisecond op; on the CPU the ops run as they are queued.
+  const int inner = o.device.is_cuda() ? 10 : 1;
+  auto repeated = [inner](const std::function<void()>& fn) {
+    return [inner, fn] {
+      for (int i = 0; i < inner; ++i) fn();
+    };
+  };
+  std::fprintf(stderr, "%-12s %-5s %10s %10s %10s %8s %8s\n", "shape", "dtype", "ns_ms", "ns_gflops", "gemm_gflops", "ratio",
+               "norm_%");
   for (DType dt : dtypes)
     for (auto [m, n] : shapes) {
       const Tensor x0 = random_tensor({1, m, n}, dt, o.device, 1);
       const Tensor x = Tensor::empty_like(x0);
+      const Tensor norms = Tensor::empty({1}, DType::f32, o.device);
       const auto schedule = ns_schedule("asym5", 5, {});
       // The same backend's GEMM on NS's dominant product: [k, k] @ [k, l], k = min, l = max.
       const int64_t k = std::min(m, n), l = std::max(m, n);
@@ -130,12 +143,15 @@ void run_ns(const Options& o) {
       // NS and GEMM alternate; the ratio is the median of each pair's ratio.
       const auto [ns_samples, gemm_samples] = time_alternating_ms(
           o.reps,
-          [&] {
+          repeated([&] {
             ops::copy(s, x0, x);
             newton_schulz(s, x, schedule, 1e-7f);
-          },
-          [&] { ops::gemm(s, a, false, b, false, c); }, [&] { s.synchronize(); });
-      const Spread ns_ms(ns_samples), gemm_ms(gemm_samples);
+          }),
+          repeated([&] { ops::gemm(s, a, false, b, false, c); }), [&] { s.synchronize(); });
+      // The norm NS starts with, alone: its share of the NS time.
+      const Spread norm_ms = time_ms(o.reps, repeated([&] { ops::frobenius_norm(s, x0, norms); }), [&] { s.synchronize(); })
+                                 .scaled(1.0 / inner);
+      const Spread ns_ms = Spread(ns_samples).scaled(1.0 / inner), gemm_ms = Spread(gemm_samples).scaled(1.0 / inner);
       const double useful = newton_schulz_flops(m, n, 5), gemm_flops = 2.0 * double(k) * double(k) * double(l);
       // As the backend runs it: CUDA has no bf16 SYRK, so both symmetric products there are full
       // GEMMs (twice their useful flops); everywhere else they are SYRKs.
@@ -144,12 +160,14 @@ void run_ns(const Options& o) {
       const Spread ns_gflops = ns_ms.rate(useful / 1e6), executed_gflops = ns_ms.rate(executed / 1e6),
                    gemm_gflops = gemm_ms.rate(gemm_flops / 1e6);
       const double ratio = median_pair_ratio(ns_samples, useful, gemm_samples, gemm_flops);
-      std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",%s,%s,%s,%s,\"ratio\":%.3f}\n",
+      const double norm_share = norm_ms.median / ns_ms.median;
+      std::printf("{\"bench\":\"ns\",\"device\":\"%s\",\"m\":%lld,\"n\":%lld,\"dtype\":\"%s\",%s,%s,%s,%s,\"ratio\":%.3f,%s,"
+                  "\"norm_share\":%.4f}\n",
                   o.device.str().c_str(), (long long)m, (long long)n, dtype_name(dt), ns_ms.json("ns_ms").c_str(),
                   ns_gflops.json("ns_gflops").c_str(), executed_gflops.json("executed_gflops").c_str(),
-                  gemm_gflops.json("gemm_gflops").c_str(), ratio);
-      std::fprintf(stderr, "%5lldx%-6lld %-5s %10.3f %10.2f %10.2f %8.3f\n", (long long)m, (long long)n, dtype_name(dt),
-                   ns_ms.median, ns_gflops.median, gemm_gflops.median, ratio);
+                  gemm_gflops.json("gemm_gflops").c_str(), ratio, norm_ms.json("norm_ms").c_str(), norm_share);
+      std::fprintf(stderr, "%5lldx%-6lld %-5s %10.3f %10.2f %10.2f %8.3f %8.2f\n", (long long)m, (long long)n, dtype_name(dt),
+                   ns_ms.median, ns_gflops.median, gemm_gflops.median, ratio, 100 * norm_share);
     }
 }
 
@@ -245,7 +263,11 @@ void run_swap(const Options& o) {
 }
 
 /** The widths step and adamw run at: --dim alone when given, else three. */
-std::vector<int64_t> widths(const Options& o) { return o.dim_given ? std::vector<int64_t>{o.dim} : std::vector<int64_t>{256, 384, 512}; }
+std::vector<int64_t> widths(const Options& o) {
+  if (o.dim_given) return {o.dim};
+  // A GPU's step at width 512 takes a fraction of a millisecond: its widths reach a model's.
+  return o.device.is_cuda() ? std::vector<int64_t>{512, 1024, 2048} : std::vector<int64_t>{256, 384, 512};
+}
 
 void run_step(const Options& o) {
   const int layers = 4;
@@ -272,14 +294,22 @@ void run_adamw(const Options& o) {
     Stream stream(o.device);
     AdamW adamw(stream);
     adamw.add_param_group(params);
-    const Spread ms = time_ms(o.reps, [&] { adamw.step(); }, [&] { stream.synchronize(); });
     size_t elements = 0;
     for (const ParamPtr& p : params) elements += size_t(p->data.numel());
-    // Per element the step reads param, grad, exp_avg and exp_avg_sq and writes param and both moments: 28 bytes in f32.
-    std::printf("{\"bench\":\"adamw\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"params\":%zu,%s,%s}\n",
+    // Per element the step reads param, grad, exp_avg and exp_avg_sq and writes param and both
+    // moments: 28 bytes in f32. The baseline copies as many bytes (14 read, 14 written per element).
+    const int64_t copy_n = int64_t(elements) * 7 / 2;
+    const Tensor from = Tensor::zeros({copy_n}, DType::f32, o.device), to = Tensor::zeros({copy_n}, DType::f32, o.device);
+    const auto [step_samples, copy_samples] = time_alternating_ms(
+        o.reps, [&] { adamw.step(); }, [&] { ops::copy(stream, from, to); }, [&] { stream.synchronize(); });
+    const Spread ms(step_samples);
+    const double bytes = 28.0 * double(elements);
+    const double ratio = median_pair_ratio(step_samples, bytes, copy_samples, bytes);
+    std::printf("{\"bench\":\"adamw\",\"device\":\"%s\",\"dim\":%lld,\"layers\":%d,\"params\":%zu,%s,%s,%s,\"ratio\":%.3f}\n",
                 o.device.str().c_str(), (long long)dim, layers, elements, ms.json("step_ms").c_str(),
-                ms.rate(28.0 * double(elements) / 1e6).json("gbs").c_str());
-    std::fprintf(stderr, "AdamW step, width %lld, %d layers (%zu params): %.2f ms\n", (long long)dim, layers, elements, ms.median);
+                ms.rate(bytes / 1e6).json("gbs").c_str(), Spread(copy_samples).rate(bytes / 1e6).json("memcpy_gbs").c_str(), ratio);
+    std::fprintf(stderr, "AdamW step, width %lld, %d layers (%zu params): %.2f ms, %.0f GB/s, %.2f of memcpy\n", (long long)dim,
+                 layers, elements, ms.median, bytes / 1e6 / ms.median, ratio);
   }
 }
 

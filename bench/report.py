@@ -34,8 +34,19 @@ COMMANDS = {
 }
 
 
+# Where a GPU runs a benchmark at other flags: the swap at width 384 is too short on a GPU to hide
+# anything, and the figure that matters there is for matrices of 2048 and up.
+CUDA_COMMANDS = {
+    "swap": ["swap", "--dim", "2048", "--reps", "5"],
+}
+
+
+def flags(name, device):
+    return (CUDA_COMMANDS if device == "cuda" else {}).get(name, COMMANDS[name])
+
+
 def command_line(name, device):
-    return " ".join(["swapopt-bench"] + COMMANDS[name] + ["--device", device])
+    return " ".join(["swapopt-bench"] + flags(name, device) + ["--device", device])
 
 
 def sh(args, **kw):
@@ -90,10 +101,10 @@ def run(args):
     # Each benchmark keeps its own date and commit: a partial run (--only) re-dates only its own.
     info["commands"] = {**kept.get("commands", {})}
     info["runs"] = {**kept.get("runs", {})}
-    for name, flags in COMMANDS.items():
+    for name in COMMANDS:
         if args.only and name not in args.only:
             continue
-        cmd = [binary] + flags + ["--device", args.device]
+        cmd = [binary] + flags(name, args.device) + ["--device", args.device]
         print(f"== {command_line(name, args.device)}", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, check=True, text=True, stdout=subprocess.PIPE).stdout
         with open(os.path.join(data, f"{name}.jsonl"), "w") as f:
@@ -117,9 +128,17 @@ def load(data, name):
         return [json.loads(line) for line in f if line.startswith("{")]
 
 
-def spread(row, key, fmt="{:.1f}"):
+def figure(v):
+    """A measured value with about three significant digits, never in exponent form."""
+    for limit, digits in ((100, 0), (10, 1), (1, 2)):
+        if abs(v) >= limit:
+            return f"{v:.{digits}f}"
+    return f"{v:.3f}"
+
+
+def spread(row, key):
     """'median (lo-hi)' of a field measured with its spread."""
-    return f"{fmt.format(row[key])} ({fmt.format(row[key + '_lo'])}-{fmt.format(row[key + '_hi'])})"
+    return f"{figure(row[key])} ({figure(row[key + '_lo'])}-{figure(row[key + '_hi'])})"
 
 
 def elements(n):
@@ -152,8 +171,9 @@ def write_dat(tmp, name, rows):
 COLORS = ["#4878d0", "#ee854a", "#6acc64", "#999999"]
 
 
-def plot_bars(out, tmp, size, title, ylabel, labels, fields, names):
-    """One bar per field and label (fields: names with _lo/_hi spreads, drawn as bars), from zero."""
+def plot_bars(out, tmp, size, title, ylabel, labels, fields, names, log=False):
+    """One bar per field and label (fields: names with _lo/_hi spreads, drawn as bars), from zero
+    (or on a log scale, for figures over several decades)."""
     dat = write_dat(tmp, "bars.dat", [[f'"{label}"'] + [r[k] for f in fields for k in (f, f + "_lo", f + "_hi")]
                                       for label, r in labels])
     series = ", ".join(f"'{dat if i == 0 else ''}' using {2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i}{':xtic(1)' if i == 0 else ''} "
@@ -161,7 +181,8 @@ def plot_bars(out, tmp, size, title, ylabel, labels, fields, names):
     gnuplot(HEADER.format(w=size[0], h=size[1], out=out) + f"""
 set title '{title} (median, bars: fastest-slowest run)'
 set ylabel '{ylabel}'
-set yrange [0:*]
+{"set logscale y" if log else "set yrange [0:*]"}
+set rmargin 6
 set style data histograms
 set style histogram errorbars gap 2 lw 1
 set style fill solid 0.85 border -1
@@ -172,9 +193,10 @@ plot {series}
 
 
 def plot_ns(rows, out, tmp, device):
-    plot_bars(out, tmp, (900, 480), f"Newton-Schulz vs GEMM throughput on {device}", "GFLOP/s (useful flops)",
-              [(f'{r["m"]}x{r["n"]} {r["dtype"]}', r) for r in rows], ("ns_gflops", "gemm_gflops"),
-              ("Newton-Schulz (5 steps)", "GEMM [k,k]@[k,l]"))
+    # A GPU's throughputs span three decades from 256x256 to 4096x4096: a log scale shows them all.
+    plot_bars(out, tmp, (max(900, 60 * len(rows)), 480), f"Newton-Schulz vs GEMM throughput on {device}",
+              "GFLOP/s (useful flops)", [(f'{r["m"]}x{r["n"]} {r["dtype"]}', r) for r in rows], ("ns_gflops", "gemm_gflops"),
+              ("Newton-Schulz (5 steps)", "GEMM [k,k]@[k,l]"), log=device == "cuda")
 
 
 def plot_momentum(rows, out, tmp, device):
@@ -216,15 +238,17 @@ unset multiplot
 def plot_steps(step, adamw, out, tmp, device):
     s = write_dat(tmp, "step.dat", [[r["dim"], r["step_ms"], r["step_ms_lo"], r["step_ms_hi"]] for r in step])
     a = write_dat(tmp, "adamw.dat", [[r["dim"], r["step_ms"], r["step_ms_lo"], r["step_ms_hi"]] for r in adamw])
+    widths = sorted({r["dim"] for r in step + adamw})
     gnuplot(HEADER.format(w=1100, h=440, out=out) + f"""
 set multiplot layout 1,2 title 'Whole optimizer steps on {device}, 4 transformer-like layers (median, bars: fastest-slowest run)'
 set xlabel 'model width'
 set yrange [0:*]
-set xrange [192:576]
-set xtics (256, 384, 512)
+set logscale x 2
+set xrange [{min(widths) / 1.3:g}:{max(widths) * 1.3:g}]
+set xtics ({", ".join(str(w) for w in widths)})
 unset key
 set ylabel 'ms per step'
-set title 'Muon (f32 NS) + AdamW'
+set title 'Muon ({"bf16" if device == "cuda" else "f32"} NS) + AdamW'
 plot '{s}' using 1:2:3:4 with yerrorlines title 'Muon + AdamW' lc rgb '#4878d0' pt 7
 set title 'AdamW over every param'
 plot '{a}' using 1:2:3:4 with yerrorlines title 'AdamW' lc rgb '#6acc64' pt 7
@@ -258,7 +282,8 @@ def plot_pipeline(rows, out, tmp, device):
     plot_bars(out, tmp, (900, 460), f"Swap pipeline copies on {device}, pinned host and device",
               "GB/s (both at once: the two directions together)", [(f'{r["mib"]} MiB', r) for r in rows],
               ("h2d_gbs", "d2h_gbs", "both_gbs", "d2d_gbs"),
-              ("H2D alone", "D2H alone", "H2D + D2H at once (two streams)", "device to device"))
+              ("H2D alone", "D2H alone", "H2D + D2H at once (two streams)", "device to device"),
+              log=device == "cuda")  # on a GPU the device's own copies are 35x the host link's
 
 
 CHECKPOINT_LABELS = {"step": "steps only", "save_state_dict": "save via StateDict", "save_checkpoint": "save_checkpoint",
@@ -305,10 +330,11 @@ def block_machine(info, device):
 def block_ns(rows):
     # "as run": the flops the backend executes (CUDA's bf16 Gram products are full GEMMs, twice the
     # useful flops); rows measured before that column existed show the useful figure.
-    body = table(["shape", "dtype", "NS ms", "NS GFLOP/s (useful)", "NS GFLOP/s (as run)", "GEMM GFLOP/s", "NS / GEMM"],
+    # "norm": the Frobenius norm NS starts with, timed alone, as a share of the NS time.
+    body = table(["shape", "dtype", "NS ms", "NS GFLOP/s (useful)", "NS GFLOP/s (as run)", "GEMM GFLOP/s", "NS / GEMM", "norm / NS"],
                  [[f"{r['m']}x{r['n']}", r["dtype"], spread(r, "ns_ms"), spread(r, "ns_gflops"),
                    spread(r, "executed_gflops" if "executed_gflops" in r else "ns_gflops"), spread(r, "gemm_gflops"),
-                   f"{r['ratio']:.2f}"] for r in rows])
+                   f"{r['ratio']:.2f}", f"{100 * r['norm_share']:.1f} %" if "norm_share" in r else "-"] for r in rows])
     ratios = [r["ratio"] for r in rows]
     return body + f"\n\nNS / GEMM per useful flop: {min(ratios):.2f} to {max(ratios):.2f}."
 
@@ -340,8 +366,11 @@ def block_step(rows):
 
 
 def block_adamw(rows):
-    return table(["width", "params", "AdamW step ms", "GB/s (28 B/param)"],
-                 [[r["dim"], f"{r['params'] / 1e6:.2f} M", spread(r, "step_ms"), spread(r, "gbs", "{:.2f}")] for r in rows])
+    # memcpy: a copy of as many bytes on the same device, alternated with the step.
+    return table(["width", "params", "AdamW step ms", "GB/s (28 B/param)", "memcpy GB/s", "AdamW / memcpy"],
+                 [[r["dim"], f"{r['params'] / 1e6:.2f} M", spread(r, "step_ms"), spread(r, "gbs"),
+                   spread(r, "memcpy_gbs") if "memcpy_gbs" in r else "-",
+                   f"{r['ratio']:.2f}" if "ratio" in r else "-"] for r in rows])
 
 
 def block_scale(rows):
@@ -363,8 +392,8 @@ def block_scale(rows):
 
 def block_pipeline(rows):
     body = table(["copy size", "H2D GB/s", "D2H GB/s", "both at once GB/s", "both / faster one", "device-to-device GB/s"],
-                 [[f"{r['mib']} MiB", spread(r, "h2d_gbs", "{:.2f}"), spread(r, "d2h_gbs", "{:.2f}"),
-                   spread(r, "both_gbs", "{:.2f}"), f"{r['duplex']:.2f}", spread(r, "d2d_gbs", "{:.2f}")] for r in rows])
+                 [[f"{r['mib']} MiB", spread(r, "h2d_gbs"), spread(r, "d2h_gbs"),
+                   spread(r, "both_gbs"), f"{r['duplex']:.2f}", spread(r, "d2d_gbs")] for r in rows])
     return body
 
 
@@ -372,12 +401,12 @@ def block_checkpoint(rows):
     peaks = [r for r in rows if r["bench"] == "checkpoint"]
     body = table(["process", "peak MB", "above the stepping process", "seconds"],
                  [[r["mode"], f"{r['peak_bytes'] / 1e6:.1f}", f"{r['above_step_mb']:+.1f} MB",
-                   "" if r["mode"] == "step" else spread(r, "seconds", "{:.2f}")] for r in peaks])
+                   "" if r["mode"] == "step" else spread(r, "seconds")] for r in peaks])
     for r in rows:
         if r["bench"] == "checkpoint_async":
             body += (f"\n\nWhile `save_async` writes the same state in the background: a step takes "
                      f"{spread(r, 'step_during_save_ms')} ms against {spread(r, 'step_ms')} ms without a save "
-                     f"({r['ratio']:.2f}x); the save took {spread(r, 'save_s', '{:.2f}')} s from the call to `wait_save()`.")
+                     f"({r['ratio']:.2f}x); the save took {spread(r, 'save_s')} s from the call to `wait_save()`.")
     return body
 
 
