@@ -55,8 +55,8 @@ PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
       compute_(compute),
       h2d_(compute.device()),
       d2h_(compute.device()),
-      ready_{Event(compute.device()), Event(compute.device())},
-      offloaded_{Event(compute.device()), Event(compute.device())},
+      ready_{Event(compute.device()), Event(compute.device()), Event(compute.device())},
+      offloaded_{Event(compute.device()), Event(compute.device()), Event(compute.device())},
       compute_mark_(compute.device()),
       last_offload_(compute.device()),
       reports_{ReportInFlight(compute.device()), ReportInFlight(compute.device())} {
@@ -221,7 +221,7 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::s
       continue;
     }
     b.staged = config_.packed;
-    b.parity = in_segment++ % 2;
+    b.parity = in_segment++ % kInFlight;
     if (!config_.packed) {
       for (SwapSlot* s : b.slots) b.resident += s->nbytes();
       batches.push_back(std::move(b));
@@ -271,7 +271,7 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_chunks(const B
       c.chunk_param = p;
       c.chunk_begin = begin;
       c.chunk_end = std::min(numel, begin + unit.chunk_elements);
-      c.parity = chunks.size() % 2;
+      c.parity = chunks.size() % kChunkArenas;
       c.arena_offsets.assign(slots.size(), 0);
       for (size_t i = 0; i < slots.size(); ++i) {
         const SwapSlot& s = *slots[i];
@@ -297,7 +297,7 @@ size_t PipelineSwapRuntime::chunk_arena_bytes(const UpdateUnit& unit, int64_t el
       if (s->param == p) mine[size_t(s->host.dtype())] += align_up(n * dtype_size(s->host.dtype()));
     for (size_t d = 0; d < 3; ++d) arena[d] = std::max(arena[d], mine[d]);
   }
-  return 2 * (arena[0] + arena[1] + arena[2]);
+  return kChunkArenas * (arena[0] + arena[1] + arena[2]);
 }
 
 int64_t PipelineSwapRuntime::largest_chunk(const UpdateUnit& unit, size_t budget) const {
@@ -318,8 +318,9 @@ int64_t PipelineSwapRuntime::largest_chunk(const UpdateUnit& unit, size_t budget
 
 std::array<size_t, 3> PipelineSwapRuntime::arena_needs(std::span<const Batch> batches, size_t parity) const {
   std::array<size_t, 3> need{0, 0, 0};
-  for (size_t i = parity; i < batches.size(); i += 2)
-    for (size_t d = 0; d < 3; ++d) need[d] = std::max(need[d], batches[i].arena_bytes[d]);
+  for (const Batch& b : batches)
+    if (b.parity == parity)
+      for (size_t d = 0; d < 3; ++d) need[d] = std::max(need[d], b.arena_bytes[d]);
   return need;
 }
 
@@ -329,11 +330,14 @@ size_t PipelineSwapRuntime::resident_bytes_needed(const std::vector<UpdateUnit>&
   const std::vector<Batch> batches = make_batches(copy, batch_sizes);
   size_t need = 0;
   if (!config_.packed) {
-    for (size_t i = 0; i < batches.size(); ++i)
-      need = std::max(need, batches[i].resident + (i + 1 < batches.size() ? batches[i + 1].resident : 0));
+    for (size_t i = 0; i < batches.size(); ++i) {
+      size_t window = 0;
+      for (size_t k = i; k < std::min(i + kInFlight, batches.size()); ++k) window += batches[k].resident;
+      need = std::max(need, window);
+    }
     return need;
   }
-  for (size_t parity = 0; parity < 2; ++parity)
+  for (size_t parity = 0; parity < kInFlight; ++parity)
     for (size_t bytes : arena_needs(batches, parity)) need += bytes;
   return need;
 }
@@ -374,7 +378,7 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::fit_batches(std::vector<
     }
     // The need mostly falls as the count grows (smaller batches): counts 1, 2, 4, ... until one
     // fits, then bisection down to the smallest that fits; O(log n) plans, not one per count.
-    // Packed, the need can rise again (the largest batch of each parity), so a miss here is
+    // Packed, the need can rise again (the largest batch in each arena), so a miss here is
     // retried with every count before the plan gives up (plan_batches).
     size_t failing = 0, fitting = 1;
     while (!fits(fitting)) {
@@ -433,8 +437,8 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, true, smallest_need, need_workspace))
     return *sizes;
   for (UpdateUnit& u : units) u.chunk_elements = 0;
-  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold two batches in flight: the double-buffered "
-                                             << "pipeline needs at least " << smallest_need << " bytes (" << need_workspace
+  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold the batches in flight: the pipeline needs at least "
+                                             << smallest_need << " bytes (" << need_workspace
                                              << " of them the largest unit workspace)");
 }
 
@@ -495,12 +499,12 @@ void PipelineSwapRuntime::allocate_arenas(std::span<const Batch> batches) {
     // Each arena's bytes, plus what an allocator rounds a block up to (a CUDA pool maps 2 MiB
     // pages; the CPU backend rounds large blocks to 1 MiB).
     size_t bytes = 0;
-    for (size_t parity = 0; parity < 2; ++parity)
+    for (size_t parity = 0; parity < kInFlight; ++parity)
       for (size_t need : arena_needs(batches, parity))
         if (need > 0) bytes += need + (size_t(2) << 20);
     device_allocator(compute_.device()).retain_freed(bytes);
   }
-  for (size_t parity = 0; parity < 2; ++parity) {
+  for (size_t parity = 0; parity < kInFlight; ++parity) {
     const std::array<size_t, 3> need = arena_needs(batches, parity);
     for (size_t d = 0; d < 3; ++d) {
       if (need[d] == 0) continue;
@@ -553,9 +557,9 @@ void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
     }
     track_resident((long long)batch.resident);
   } else {
-    // After the latest offload (on the D2H stream): for batch index >= 2 that is D2H(index - 2),
-    // which must have read this arena first; for the first two, the previous step's last one,
-    // after which the mirrors they read hold that step's state.
+    // After the latest offload (on the D2H stream): for batch index >= ring that is
+    // D2H(index - ring), which must have read this arena first; for the first ones, the previous
+    // step's last one, after which the mirrors they read hold that step's state.
     h2d_.wait(last_offload_);
     report_.h2d_bytes += copy_runs(batch, parity, true);
   }
@@ -628,29 +632,32 @@ void PipelineSwapRuntime::run_unpacked(std::span<Batch> batches, const BatchStep
   if (batches[0].phase == Phase::idle) issue_h2d(batches[0], 0);
   for (size_t n = 0; n < batches.size(); ++n) {
     wait_ready(batches[n], n);
-    if (n > 0) wait_offload(batches[n - 1], n - 1);
+    // The load of batch n + 1 is ordered after the compute stream's work so far: after the
+    // offload of batch n + 1 - kInFlight, so that batch n - 1's offload overlaps it.
+    if (n + 1 >= kInFlight) wait_offload(batches[n + 1 - kInFlight], n + 1 - kInFlight);
     if (n + 1 < batches.size()) issue_h2d(batches[n + 1], n + 1);
     trace("step", n);
     batches[n].phase = Phase::stepped;  // an exception inside counts as (partly) stepped
     step(batches[n], n);
     issue_d2h(batches[n], n);
   }
-  wait_offload(batches.back(), batches.size() - 1);
+  for (size_t i = batches.size() >= kInFlight - 1 ? batches.size() - (kInFlight - 1) : 0; i < batches.size(); ++i)
+    wait_offload(batches[i], i);
 }
 
-void PipelineSwapRuntime::run_packed(std::span<Batch> batches, const BatchStep& step) {
-  for (size_t i = 0; i < std::min<size_t>(2, batches.size()); ++i)
+void PipelineSwapRuntime::run_packed(std::span<Batch> batches, const BatchStep& step, size_t ring) {
+  for (size_t i = 0; i < std::min(ring, batches.size()); ++i)
     if (batches[i].phase == Phase::idle) issue_h2d(batches[i], i);
   for (size_t i = 0; i < batches.size(); ++i) {
     wait_ready(batches[i], i);
-    if (i >= 2) wait_offload(batches[i - 2], i - 2);
+    if (i >= ring) wait_offload(batches[i - ring], i - ring);
     trace("step", i);
     batches[i].phase = Phase::stepped;
     step(batches[i], i);
-    issue_d2h(batches[i], i);  // D2H(i), then H2D(i+2) into the same arena once D2H(i) has read it
-    if (i + 2 < batches.size()) issue_h2d(batches[i + 2], i + 2);
+    issue_d2h(batches[i], i);  // D2H(i), then H2D(i + ring) into the same arena once D2H(i) has read it
+    if (i + ring < batches.size()) issue_h2d(batches[i + ring], i + ring);
   }
-  for (size_t i = batches.size() >= 2 ? batches.size() - 2 : 0; i < batches.size(); ++i) wait_offload(batches[i], i);
+  for (size_t i = batches.size() >= ring ? batches.size() - ring : 0; i < batches.size(); ++i) wait_offload(batches[i], i);
   free_arenas();
 }
 
@@ -663,21 +670,22 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
     SWAPOPT_CHECK(!streamed, "[swap] a chunked unit streams its state once per step");
     streamed = true;
     allocate_arenas(chunks);
+    const BatchStep step_chunk = [&](Batch& c, size_t) {
+      StateChunk chunk;
+      chunk.param = c.chunk_param;
+      chunk.begin = c.chunk_begin;
+      chunk.end = c.chunk_end;
+      for (size_t i = 0; i < c.slots.size(); ++i) {
+        const SwapSlot& s = *c.slots[i];
+        const DType dtype = s.host.dtype();
+        chunk.staged.emplace(s.key, Tensor::on_storage(arenas_[c.parity][size_t(dtype)],
+                                                       int64_t(c.arena_offsets[i] / dtype_size(dtype)),
+                                                       {c.chunk_end - c.chunk_begin}, dtype));
+      }
+      step(chunk);
+    };
     try {
-      run_packed(chunks, [&](Batch& c, size_t) {
-        StateChunk chunk;
-        chunk.param = c.chunk_param;
-        chunk.begin = c.chunk_begin;
-        chunk.end = c.chunk_end;
-        for (size_t i = 0; i < c.slots.size(); ++i) {
-          const SwapSlot& s = *c.slots[i];
-          const DType dtype = s.host.dtype();
-          chunk.staged.emplace(s.key, Tensor::on_storage(arenas_[c.parity][size_t(dtype)],
-                                                         int64_t(c.arena_offsets[i] / dtype_size(dtype)),
-                                                         {c.chunk_end - c.chunk_begin}, dtype));
-        }
-        step(chunk);
-      });
+      run_packed(chunks, step_chunk, kChunkArenas);
     } catch (...) {
       drain(chunks);
       throw;
@@ -733,7 +741,7 @@ bool PipelineSwapRuntime::adopt_early_prefetch(std::vector<Batch>& batches) {
   if (same && config_.packed) {  // the early arenas must be large enough for every batch of the real plan's first segment
     size_t first = 0;
     while (first < batches.size() && !batches[first].chunked) ++first;
-    for (size_t parity = 0; same && parity < 2; ++parity) {
+    for (size_t parity = 0; same && parity < kInFlight; ++parity) {
       const std::array<size_t, 3> need = arena_needs(std::span<const Batch>(batches.data(), first), parity);
       for (size_t d = 0; same && d < 3; ++d)
         same = need[d] == 0 || (arenas_[parity][d] && arenas_[parity][d]->nbytes() >= need[d]);
@@ -775,7 +783,7 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
   early->batches.resize(first);
   begin_report();
   if (config_.packed) allocate_arenas(early->batches);
-  early->issued = config_.packed ? std::min<size_t>(2, first) : 1;
+  early->issued = config_.packed ? std::min(kInFlight, first) : 1;
   for (size_t k = 0; k < early->issued; ++k) issue_h2d(early->batches[k], k);
   early_ = std::move(early);
 }
@@ -815,7 +823,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
       const std::span<Batch> segment(batches.data() + begin, end - begin);
       if (config_.packed) {
         if (!(adopted && begin == 0)) allocate_arenas(segment);
-        run_packed(segment, step_whole);
+        run_packed(segment, step_whole, kInFlight);
       } else {
         run_unpacked(segment, step_whole);
       }

@@ -1,8 +1,9 @@
 #pragma once
 /** The backend-neutral swap pipeline: host mirrors, the partition into batches, and the
- *  double-buffered H2D/D2H schedule on two copy streams (one per direction, so that a load and an
- *  offload run at once on full-duplex links), ordered against the compute stream and each other
- *  with events only (no device-wide synchronisation on the hot path). */
+ *  H2D/D2H schedule with three batches in flight on two copy streams (one per direction, so that
+ *  a load and an offload run at once on full-duplex links, both beside the math), ordered against
+ *  the compute stream and each other with events only (no device-wide synchronisation on the hot
+ *  path). */
 
 #include <array>
 #include <functional>
@@ -70,7 +71,7 @@ class MirrorReader {
 
 /** The swap machinery of one SwapOptimizer: owns the pinned mirrors and the slots, cuts each
  *  step's units into batches and brings each batch's state to the device for its run and back
- *  after it, double-buffered on its two copy streams. */
+ *  after it, three batches in flight on its two copy streams. */
 class PipelineSwapRuntime {
  public:
   /** `compute` runs the optimizer math; the runtime creates its copy streams and events here,
@@ -118,9 +119,18 @@ class PipelineSwapRuntime {
    *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
    *  throws naming the budget and the sizes that do not fit. */
   std::vector<size_t> plan_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
-  /** Device bytes the pipeline holds at once for these batches of whole units: the largest two
-   *  consecutive batches (unpacked), or the two staging arenas (packed, each as large as the
-   *  largest batch of its parity, counting only the bytes of that batch's own slots). A chunked
+  /** Batches of whole units in flight at once: one offloading, one computing, one loading, so
+   *  that the H2D and D2H streams and the math all overlap. Packed, they are staging arenas used
+   *  in turn (batch i in arena i % 3); unpacked, three consecutive batches' own storage. With two,
+   *  an arena's offload and its reload for the next batch ran one after the other (on an H200 a
+   *  swapped Muon step at width 2048 took 1.6x the bare one, docs/benchmarks.md). */
+  static constexpr size_t kInFlight = 3;
+  /** A chunked unit's chunks go through two arenas: it exists for a budget with no room. */
+  static constexpr size_t kChunkArenas = 2;
+
+  /** Device bytes the pipeline holds at once for these batches of whole units: the largest three
+   *  consecutive batches (unpacked), or the three staging arenas (packed, each as large as the
+   *  largest batch that uses it, counting only the bytes of that batch's own slots). A chunked
    *  unit's batch counts nothing here (its chunks' arenas are chunk_elements' business). */
   size_t resident_bytes_needed(const std::vector<UpdateUnit>& units, const std::vector<size_t>& batch_sizes) const;
 
@@ -177,7 +187,7 @@ class PipelineSwapRuntime {
   struct Batch {
     std::span<UpdateUnit> units;           // a chunk: its unit
     bool staged = false;                   // copies go through the arenas (packed, or a chunk)
-    size_t parity = 0;                     // its arena and events: position in its segment (or chunk) % 2
+    size_t parity = 0;                     // its arena and events: position in its segment % kInFlight (a chunk: % kChunkArenas)
     bool chunked = false;                  // a chunked unit, alone: run_chunked cuts it into chunks
     Param* chunk_param = nullptr;          // a chunk: its param and element range
     int64_t chunk_begin = 0;
@@ -195,7 +205,7 @@ class PipelineSwapRuntime {
   /** The chunks of a chunked unit's batch, in order: each param's [0, numel) cut every
    *  chunk_elements, each slot's piece 64-byte aligned in the arena. */
   std::vector<Batch> make_chunks(const Batch& unit_batch) const;
-  /** Staging bytes (both arenas) a unit needs in chunks of `elements`. */
+  /** Staging bytes (its kChunkArenas arenas) a unit needs in chunks of `elements`. */
   size_t chunk_arena_bytes(const UpdateUnit& unit, int64_t elements) const;
   /** The largest chunk (a multiple of kChunkQuantum elements) whose arenas fit beside the unit's
    *  workspace in `budget`; 0 when none does. */
@@ -221,9 +231,10 @@ class PipelineSwapRuntime {
   /** Runs batches that are not chunked (their arenas allocated, packed); `step` runs batch i. */
   using BatchStep = std::function<void(Batch& batch, size_t index)>;
   void run_unpacked(std::span<Batch> batches, const BatchStep& step);
-  void run_packed(std::span<Batch> batches, const BatchStep& step);
-  /** A chunked unit: the adapter's step_chunked, whose state stream runs the chunks through two
-   *  arenas on run_packed's schedule. */
+  /** Packed: batch i in arena i % `ring`; its reload waits for the offload of batch i - ring. */
+  void run_packed(std::span<Batch> batches, const BatchStep& step, size_t ring);
+  /** A chunked unit: the adapter's step_chunked, whose state stream runs the chunks through
+   *  kChunkArenas arenas on run_packed's schedule. */
   void run_chunked(Batch& unit_batch, StateSwapAdapter& adapter);
   /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
   bool adopt_early_prefetch(std::vector<Batch>& batches);
@@ -240,8 +251,8 @@ class PipelineSwapRuntime {
   // Created once: ready/offloaded by batch parity; compute_mark_ orders a copy stream after the
   // compute stream's work so far, last_offload_ the next step's loads after this step's offloads
   // (the mirrors they read), which ran on the other copy stream.
-  std::array<Event, 2> ready_;
-  std::array<Event, 2> offloaded_;
+  std::array<Event, kInFlight> ready_;
+  std::array<Event, kInFlight> offloaded_;
   Event compute_mark_;
   Event last_offload_;
   /** A step's report until all three streams have passed its end; its timers stay untouched until then
@@ -272,7 +283,7 @@ class PipelineSwapRuntime {
    *  the same at any param count. */
   std::unordered_map<const Param*, std::vector<SwapSlot*>> slots_by_param_;
   std::array<std::shared_ptr<Storage>, 3> host_buffers_;   // pinned, one per dtype
-  std::array<std::array<std::shared_ptr<Storage>, 3>, 2> arenas_;  // packed staging, [parity][dtype]
+  std::array<std::array<std::shared_ptr<Storage>, 3>, kInFlight> arenas_;  // packed staging, [parity][dtype]
   std::unique_ptr<EarlyPrefetch> early_;
   Optimizer* optimizer_ = nullptr;             // whose state the slots are (set by build)
   std::vector<SwapSlot*> created_this_step_;   // found by attach_slots, made by run(); undone if their unit never runs

@@ -11,16 +11,20 @@ namespace swapopt {
 
 /** Defaults are the reference system's. */
 struct SwapConfig {
-  /** Batches the update units are cut into; each batch's state is on the device only while it runs. */
+  /** Batches the update units are cut into; each batch's state is on the device only from its load
+   *  to its offload, with at most three batches there at once (so swap_times <= 3 keeps all of
+   *  it on the device during the step; between steps none is). */
   int swap_times = 16;
   /** State keys to swap (a subset of the family's); unset: all of them. */
   std::optional<std::vector<std::string>> state_keys;
-  /** Coalesce each batch's transfers into one copy per dtype through two reusable staging arenas. */
+  /** Coalesce each batch's transfers into one copy per dtype through three staging arenas used in
+   *  turn (a batch's load, the math of the one before and the offload of the one before that
+   *  overlap). */
   bool packed = true;
   /** States with fewer elements stay device-resident (tiny states are not worth a transfer). */
   int64_t min_numel = 1024;
-  /** If set, swap_times is chosen per step as the smallest count whose batches in flight (two
-   *  consecutive ones, or the two staging arenas) plus the largest unit's workspace (Muon's NS
+  /** If set, swap_times is chosen per step as the smallest count whose batches in flight (three
+   *  consecutive ones, or the three staging arenas) plus the largest unit's workspace (Muon's NS
    *  input and workspaces) fit in this many device bytes. A unit too large for that (its state
    *  alone, or in any cut into batches) runs in chunks instead: its state streams through two
    *  staging arenas, a range of elements at a time, beside its workspace (AdamW's and Muon's
