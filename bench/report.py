@@ -346,10 +346,14 @@ def block_momentum(rows):
 
 
 def block_swap(rows):
-    body = table(["mode", "swap_times", "bare ms", "swapped ms", "swapped / bare", "exposed wait ms", "peak on device", "saved"],
+    # "in a loop": backward + step back to back, prefetch_early before the backward (rows measured
+    # before that column existed show "-").
+    body = table(["mode", "swap_times", "bare ms", "swapped ms", "swapped / bare", "exposed wait ms", "peak on device", "saved",
+                  "swapped / bare in a loop"],
                  [["packed" if r["packed"] else "per-tensor", r["swap_times"], spread(r, "bare_ms"), spread(r, "swap_ms"),
                    f"{r['ratio']:.3f}", f"{r['exposed_wait_ms']:.2f}", f"{r['peak_resident_bytes'] / 2**20:.2f} MiB",
-                   f"{100 * (1 - r['peak_resident_bytes'] / r['state_bytes']):.0f} %"] for r in rows])
+                   f"{100 * (1 - r['peak_resident_bytes'] / r['state_bytes']):.0f} %",
+                   f"{r['loop_ratio']:.3f}" if "loop_ratio" in r else "-"] for r in rows])
     state = rows[0]["state_bytes"] / 2**20
     at4 = {r["packed"]: r for r in rows if r["swap_times"] == 4}
     summary = f"Momentum of all matrices: {state:.2f} MiB (all of it on the device without swap)."
@@ -357,6 +361,8 @@ def block_swap(rows):
         summary += (f" At swap_times 4: swapped / bare {at4[True]['ratio']:.3f} packed, {at4[False]['ratio']:.3f} per-tensor;"
                     f" {100 * (1 - at4[True]['peak_resident_bytes'] / at4[True]['state_bytes']):.0f} % of the momentum"
                     " never on the device at once (packed).")
+        if "loop_ratio" in at4[True]:
+            summary += f" In a training loop: {at4[True]['loop_ratio']:.3f} packed, {at4[False]['loop_ratio']:.3f} per-tensor."
     return body + "\n\n" + summary
 
 
