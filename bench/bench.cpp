@@ -153,10 +153,12 @@ void run_ns(const Options& o) {
                                  .scaled(1.0 / inner);
       const Spread ns_ms = Spread(ns_samples).scaled(1.0 / inner), gemm_ms = Spread(gemm_samples).scaled(1.0 / inner);
       const double useful = newton_schulz_flops(m, n, 5), gemm_flops = 2.0 * double(k) * double(k) * double(l);
-      // As the backend runs it: CUDA has no bf16 SYRK, so both symmetric products there are full
-      // GEMMs (twice their useful flops); everywhere else they are SYRKs.
+      // As the backend runs it: CUDA has no bf16 SYRK, so there each symmetric product is a full
+      // GEMM (twice its useful flops), or from side 4096 the GEMMs of 3 of its 2 x 2 blocks (1.5x);
+      // everywhere else they are SYRKs. Per step: Gram k x k over l, its square, and the k x l GEMM.
       const double small = double(k), large = double(l);
-      const double executed = o.device.is_cuda() && dt != DType::f32 ? 5.0 * (4 * small * small * large + 2 * small * small * small) : useful;
+      const double sym = !(o.device.is_cuda() && dt != DType::f32) ? 1.0 : k >= 4096 ? 1.5 : 2.0;
+      const double executed = 5.0 * (sym * small * small * large + sym * small * small * small + 2 * small * small * large);
       const Spread ns_gflops = ns_ms.rate(useful / 1e6), executed_gflops = ns_ms.rate(executed / 1e6),
                    gemm_gflops = gemm_ms.rate(gemm_flops / 1e6);
       const double ratio = median_pair_ratio(ns_samples, useful, gemm_samples, gemm_flops);

@@ -329,7 +329,8 @@ def block_machine(info, device):
 
 def block_ns(rows):
     # "as run": the flops the backend executes (CUDA's bf16 Gram products are full GEMMs, twice the
-    # useful flops); rows measured before that column existed show the useful figure.
+    # useful flops, or from side 4096 3 of 4 blocks, 1.5x); rows measured before that column
+    # existed show the useful figure.
     # "norm": the Frobenius norm NS starts with, timed alone, as a share of the NS time.
     body = table(["shape", "dtype", "NS ms", "NS GFLOP/s (useful)", "NS GFLOP/s (as run)", "GEMM GFLOP/s", "NS / GEMM", "norm / NS"],
                  [[f"{r['m']}x{r['n']}", r["dtype"], spread(r, "ns_ms"), spread(r, "ns_gflops"),

@@ -66,7 +66,7 @@ constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // threads per block: kTile x kTileRows, each thread kTile / kTileRows rows
 
 template <typename T>
-__global__ void mirror_lower_kernel(int64_t count, int64_t n, int64_t batch_stride, T* __restrict__ c) {
+__global__ void mirror_lower_kernel(int64_t count, int64_t n, int64_t ld, int64_t batch_stride, T* __restrict__ c) {
   __shared__ T tile[kTile][kTile + 1];  // +1: the transposed read does not hit one bank 32 times
   // Tile t -> (ti, tj) with tj <= ti, row by row: t = ti * (ti + 1) / 2 + tj.
   const int64_t t = blockIdx.x;
@@ -79,13 +79,13 @@ __global__ void mirror_lower_kernel(int64_t count, int64_t n, int64_t batch_stri
     T* base = c + m * batch_stride;
     for (int r = threadIdx.y; r < kTile; r += kTileRows) {
       const int64_t i = row0 + r, j = col0 + threadIdx.x;
-      if (i < n && j < n) tile[r][threadIdx.x] = base[i * n + j];
+      if (i < n && j < n) tile[r][threadIdx.x] = base[i * ld + j];
     }
     __syncthreads();
     for (int r = threadIdx.y; r < kTile; r += kTileRows) {
       // Destination (col0 + r, row0 + x) takes source (row0 + x, col0 + r): strictly lower only.
       const int64_t i = row0 + threadIdx.x, j = col0 + r;
-      if (i < n && j < n && i > j) base[j * n + i] = tile[threadIdx.x][r];
+      if (i < n && j < n && i > j) base[j * ld + i] = tile[threadIdx.x][r];
     }
     __syncthreads();  // the tile is refilled for the next matrix
   }
@@ -146,7 +146,7 @@ void cast(cudaStream_t stream, int64_t n, const void* src, int sd, void* dst, in
   });
 }
 
-void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t batch_stride, void* c, int cd) {
+void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t ld, int64_t batch_stride, void* c, int cd) {
   if (count == 0 || n < 2) return;
   const int64_t tiles = (n + kTile - 1) / kTile;
   const int64_t pairs = tiles * (tiles + 1) / 2;  // tiles on and below the diagonal
@@ -154,9 +154,9 @@ void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t batch_s
   const dim3 grid(unsigned(pairs), unsigned(count < 65535 ? count : 65535));
   const dim3 block(kTile, kTileRows);
   if (cd == kF32) {
-    mirror_lower_kernel<float><<<grid, block, 0, stream>>>(count, n, batch_stride, static_cast<float*>(c));
+    mirror_lower_kernel<float><<<grid, block, 0, stream>>>(count, n, ld, batch_stride, static_cast<float*>(c));
   } else {
-    mirror_lower_kernel<uint16_t><<<grid, block, 0, stream>>>(count, n, batch_stride, static_cast<uint16_t*>(c));
+    mirror_lower_kernel<uint16_t><<<grid, block, 0, stream>>>(count, n, ld, batch_stride, static_cast<uint16_t*>(c));
   }
 }
 

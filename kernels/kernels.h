@@ -26,8 +26,9 @@ void scale_by_inverse_norm(cudaStream_t stream, int64_t count, int64_t per, void
                            float eps);
 /** *flag = 1 if any of the n values of x is NaN or infinite (else *flag is not written). */
 void flag_nonfinite(cudaStream_t stream, int64_t n, const void* x, int x_dtype, float* flag);
-/** Copies the lower triangle of each n x n matrix (batch of `count`) onto its upper triangle. */
-void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t batch_stride, void* c, int c_dtype);
+/** Copies the lower triangle of each n x n matrix (batch of `count`, rows `ld` elements apart)
+ *  onto its upper triangle. */
+void mirror_lower(cudaStream_t stream, int64_t count, int64_t n, int64_t ld, int64_t batch_stride, void* c, int c_dtype);
 
 }  // namespace swapopt::kernels
 

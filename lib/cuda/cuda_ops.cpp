@@ -46,23 +46,42 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
 }
 
 // f32: cublasSsyrk fills one triangle (column-major upper = row-major lower), mirrored by a kernel.
-// bf16: cuBLAS has no real bf16 SYRK, so the full product A A^T is a strided-batched GEMM.
+// bf16 and f16: cuBLAS has no real SYRK for them. A Gram matrix of side >= kBlockedSyrkSide is
+// cut into 2 x 2 blocks and only the three on and below the diagonal are GEMMs (3/4 of the full
+// product's flops), then mirrored; a smaller one is one full GEMM, since there NS waits for the
+// host's launches rather than for the flops (docs/benchmarks.md).
+constexpr int64_t kBlockedSyrkSide = 4096;
+
 void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
-  if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
-    gemm(stream, a, trans_a, a, !trans_a, c, alpha, beta);
-    return;
-  }
   const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
   CudaStream& s = cuda_stream(stream);
-  for (int64_t batch = 0; batch < lc.batch; ++batch) {
-    const float* ap = a.data<float>() + batch * la.batch_stride;
-    float* cp = c.data<float>() + batch * lc.batch_stride;
-    // Read column-major, a is a^T: a @ a^T is (a^T)^T (a^T) (OP_T), a^T @ a is (a^T)(a^T)^T (OP_N).
-    SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, trans_a ? CUBLAS_OP_N : CUBLAS_OP_T, int(lc.rows),
-                                     int(trans_a ? la.rows : la.cols), &alpha, ap, int(la.ld), &beta, cp, int(lc.ld)));
+  if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
+    if (lc.rows < kBlockedSyrkSide) {
+      gemm(stream, a, trans_a, a, !trans_a, c, alpha, beta);
+      return;
+    }
+    // Block (i, j), i >= j: rows i of op(a) times rows j of op(a), transposed. A diagonal block is
+    // a full GEMM too (with beta it reads c's block whole, which is symmetric by the contract);
+    // the mirror then copies its lower triangle over its upper one, so c comes out exactly symmetric.
+    const int64_t row_dim = c.dim() - 2, col_dim = c.dim() - 1;
+    const int64_t a_dim = trans_a ? a.dim() - 1 : a.dim() - 2;  // op(a)'s rows are a's columns when trans_a
+    const int64_t half = (lc.rows / 2 + 63) / 64 * 64;        // the first block's side, 128-byte aligned rows
+    const int64_t starts[2] = {0, half}, sizes[2] = {half, lc.rows - half};
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j <= i; ++j)
+        gemm(stream, a.narrow(a_dim, starts[i], sizes[i]), trans_a, a.narrow(a_dim, starts[j], sizes[j]), !trans_a,
+             c.narrow(row_dim, starts[i], sizes[i]).narrow(col_dim, starts[j], sizes[j]), alpha, beta);
+  } else {
+    for (int64_t batch = 0; batch < lc.batch; ++batch) {
+      const float* ap = a.data<float>() + batch * la.batch_stride;
+      float* cp = c.data<float>() + batch * lc.batch_stride;
+      // Read column-major, a is a^T: a @ a^T is (a^T)^T (a^T) (OP_T), a^T @ a is (a^T)(a^T)^T (OP_N).
+      SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, trans_a ? CUBLAS_OP_N : CUBLAS_OP_T, int(lc.rows),
+                                       int(trans_a ? la.rows : la.cols), &alpha, ap, int(la.ld), &beta, cp, int(lc.ld)));
+    }
   }
-  kernels::mirror_lower(s.stream(), lc.batch, lc.rows, lc.batch_stride, c.data_ptr(), code(c.dtype()));
+  kernels::mirror_lower(s.stream(), lc.batch, lc.rows, lc.ld, lc.batch_stride, c.data_ptr(), code(c.dtype()));
   SWAPOPT_CUDA_CHECK(cudaGetLastError());
 }
 

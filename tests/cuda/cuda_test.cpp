@@ -122,6 +122,28 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(compare("cuda cast", cast_gpu.to_float_vector(), cast_cpu.to_float_vector()).max_abs < 1e-2);
   }
 
+  TEST_CASE("syrk on CUDA: a bf16 Gram matrix of side >= 4096 as 2 x 2 blocks, close to the CPU and exactly symmetric") {
+    Stream gs(Device::cuda(0)), cs(Device::cpu());
+    // 4100: blocks of 2048 and 2052 rows; both orientations; with alpha and beta (c symmetric).
+    for (bool trans : {false, true}) {
+      CAPTURE(trans);
+      const Tensor a = test::random_tensor(trans ? Shape{2, 48, 4100} : Shape{2, 4100, 48}, DType::bf16, 6);
+      Tensor c0 = Tensor::zeros({2, 4100, 4100}, DType::f32, Device::cpu());
+      ops::syrk(cs, test::random_tensor({2, 4100, 8}, DType::f32, 7), false, c0);  // a symmetric start for beta
+      cs.synchronize();
+      Tensor c_cpu = c0.clone(), c_gpu = c0.to(Device::cuda(0));
+      ops::syrk(cs, a, trans, c_cpu, 0.5f, 0.25f);
+      ops::syrk(gs, a.to(Device::cuda(0)), trans, c_gpu, 0.5f, 0.25f);
+      Tensor c_bf16 = Tensor::zeros({2, 4100, 4100}, DType::bf16, Device::cuda(0));
+      ops::syrk(gs, a.to(Device::cuda(0)), trans, c_bf16);
+      cs.synchronize();
+      gs.synchronize();
+      CHECK(compare("cuda blocked syrk bf16", c_gpu.to_float_vector(), c_cpu.to_float_vector()).max_abs < 1e-3);
+      const Tensor host = c_bf16.to(Device::cpu());
+      CHECK(test::same_bits(host, host.transpose(1, 2).clone()));
+    }
+  }
+
   TEST_CASE("the CUDA allocator counts and release/restore frees device bytes") {
     const MemoryStats before = memory_stats(Device::cuda(0));
     Tensor t = Tensor::zeros({1 << 20}, DType::f32, Device::cuda(0));
