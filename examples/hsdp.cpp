@@ -4,7 +4,7 @@
 // a swapped HSDP Muon on its shards: momentum exists only on each param's owner replica, for its
 // shard, and lives in host memory between steps.
 //
-//   swapopt-hsdp [--mesh 2x2] [--hidden 256] [--layers 5] [--steps 60] [--batch 128] [--swap-times 3]
+//   swapopt-hsdp [--mesh 2x2] [--hidden 256] [--layers 5] [--steps 60] [--batch 128] [--swap-times 6]
 //                [--no-swap] [--checkpoint-dir DIR [--checkpoint-every 10]]
 //
 // With --checkpoint-dir every rank writes its shard of the weights and its optimizer state there
@@ -37,7 +37,7 @@ struct Config {
   int64_t replicas = 2, shards = 2;
   int64_t input = 64, hidden = 256, layers = 5, output = 16, batch = 128;
   int steps = 60;
-  int swap_times = 3;
+  int swap_times = 6;
   bool swap = true;
   bool fingerprint = false;  // every rank prints hashes of its params and optimizer state at the end
   std::string checkpoint_dir;  // empty: no checkpoints

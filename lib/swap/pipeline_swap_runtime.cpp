@@ -812,7 +812,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
   }
   const BatchStep step_whole = [&](Batch& batch, size_t) { adapter.step_batch(batch.units); };
   try {
-    // Segments of whole units, each double-buffered on its own, between chunked units.
+    // Segments of whole units, each with its own batches in flight, between chunked units.
     for (size_t begin = 0; begin < batches.size();) {
       if (batches[begin].chunked) {
         run_chunked(batches[begin++], adapter);

@@ -479,61 +479,73 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
 
   TEST_CASE("swapped equals bare bitwise on CUDA (packed, unpacked, prefetch_early, chunked units), and the same run twice gives the same bits") {
     const Device gpu = Device::cuda(0);
-    const std::vector<Shape> shapes = {{256, 192}, {192, 256}, {4, 128, 96}, {256, 192}, {64, 64}};
-    auto make_params = [&] {
-      std::vector<ParamPtr> out;
-      for (size_t i = 0; i < shapes.size(); ++i)
-        out.push_back(make_param(std::to_string(i), test::random_tensor(shapes[i], DType::f32, 40 + uint32_t(i), gpu)));
-      return out;
-    };
-    // Runs 4 steps (a grad missing at step 3) and returns every param's and state tensor's bytes.
-    // 0 bare, 1 packed, 2 unpacked, 3 packed with prefetch_early; 4 packed and 5 unpacked with
-    // prefetch_early under device budgets that chunk the largest units.
-    auto run = [&](int mode) {
-      std::vector<ParamPtr> params = make_params();
-      Muon muon{Stream(gpu)};
-      muon.add_param_group({params[0], params[1], params[2], params[3]});
-      AdamW adamw{muon.stream()};
-      adamw.add_param_group({params[4]});
-      SwapConfig config;
-      config.swap_times = 2;
-      config.min_numel = 1;
-      config.packed = mode != 2 && mode != 5;
-      SwapConfig adamw_config = config;
-      if (mode >= 4) {
-        int64_t workspace = 0;
-        for (const UpdateUnit& u : MuonSwapAdapter(muon).plan_units(true)) workspace = std::max(workspace, u.workspace_bytes);
-        config.device_budget_bytes = size_t(workspace) + 64 * 1024;  // below a 256x192 f32 momentum (192 KiB)
-        adamw_config.device_budget_bytes = 8 * 1024;                  // below its 32 KiB of moments
-      }
-      std::unique_ptr<SwapOptimizer> sm = mode ? swap_muon(muon, config) : nullptr;
-      std::unique_ptr<SwapOptimizer> sa = mode ? swap_adamw(adamw, adamw_config) : nullptr;
-      for (int step = 1; step <= 4; ++step) {
-        if (mode == 3 || mode == 5) sm->prefetch_early();
-        for (size_t i = 0; i < params.size(); ++i)
-          params[i]->grad = (step == 3 && i == 0) ? Tensor() : test::random_tensor(shapes[i], DType::f32, 500 + uint32_t(10 * step + int(i)), gpu);
-        if (mode) {
-          sm->step();
-          sa->step();
-        } else {
-          muon.step();
-          adamw.step();
+    // Eight Muon matrices of distinct shapes (eight units) and one AdamW param (the last): at
+    // swap_times 5 the packed ring reuses an arena and the unpacked load waits for an offload.
+    const std::vector<Shape> shapes = {{256, 192}, {192, 256}, {4, 128, 96}, {320, 192},
+                                       {96, 512},  {128, 128}, {512, 64},    {200, 300}, {64, 64}};
+    for (int times : {2, 5}) {
+      CAPTURE(times);
+      auto make_params = [&] {
+        std::vector<ParamPtr> out;
+        for (size_t i = 0; i < shapes.size(); ++i)
+          out.push_back(make_param(std::to_string(i), test::random_tensor(shapes[i], DType::f32, 40 + uint32_t(i), gpu)));
+        return out;
+      };
+      // Runs 4 steps (a grad missing at step 3) and returns every param's and state tensor's bytes.
+      // 0 bare, 1 packed, 2 unpacked, 3 packed with prefetch_early; 4 packed and 5 unpacked with
+      // prefetch_early under device budgets that chunk the largest units.
+      auto run = [&](int mode) {
+        std::vector<ParamPtr> params = make_params();
+        Muon muon{Stream(gpu)};
+        muon.add_param_group(std::vector<ParamPtr>(params.begin(), params.end() - 1));
+        AdamW adamw{muon.stream()};
+        adamw.add_param_group({params.back()});
+        SwapConfig config;
+        config.swap_times = times;
+        config.min_numel = 1;
+        config.packed = mode != 2 && mode != 5;
+        SwapConfig adamw_config = config;
+        if (mode >= 4) {
+          int64_t workspace = 0;
+          for (const UpdateUnit& u : MuonSwapAdapter(muon).plan_units(true)) workspace = std::max(workspace, u.workspace_bytes);
+          config.device_budget_bytes = size_t(workspace) + 64 * 1024;  // below a 256x192 f32 momentum (192 KiB)
+          adamw_config.device_budget_bytes = 8 * 1024;                  // below its 32 KiB of moments
         }
+        std::unique_ptr<SwapOptimizer> sm = mode ? swap_muon(muon, config) : nullptr;
+        std::unique_ptr<SwapOptimizer> sa = mode ? swap_adamw(adamw, adamw_config) : nullptr;
+        for (int step = 1; step <= 4; ++step) {
+          if (mode == 3 || mode == 5) sm->prefetch_early();
+          for (size_t i = 0; i < params.size(); ++i) {
+            const uint32_t seed = 500 + uint32_t(10 * step + int(i));
+            params[i]->grad = (step == 3 && i == 0) ? Tensor() : test::random_tensor(shapes[i], DType::f32, seed, gpu);
+          }
+          if (mode) {
+            sm->step();
+            sa->step();
+          } else {
+            muon.step();
+            adamw.step();
+          }
+        }
+        if (mode == 1 || mode == 2) {
+          sm->synchronize();
+          CHECK(sm->last_report().batches == std::min(times, 8));
+        }
+        std::string bytes;
+        for (const ParamPtr& p : params) {
+          const Tensor h = p->data.to(Device::cpu());
+          bytes.append(static_cast<const char*>(h.data_ptr()), h.nbytes());
+        }
+        bytes += serialize_state_dict(mode ? sm->state_dict() : muon.state_dict());
+        bytes += serialize_state_dict(mode ? sa->state_dict() : adamw.state_dict());
+        return bytes;
+      };
+      const std::string bare = run(0);
+      CHECK(run(0) == bare);  // deterministic: the same bits twice
+      for (int mode : {1, 2, 3, 4, 5}) {
+        CAPTURE(mode);
+        CHECK(run(mode) == bare);
       }
-      std::string bytes;
-      for (const ParamPtr& p : params) {
-        const Tensor h = p->data.to(Device::cpu());
-        bytes.append(static_cast<const char*>(h.data_ptr()), h.nbytes());
-      }
-      bytes += serialize_state_dict(mode ? sm->state_dict() : muon.state_dict());
-      bytes += serialize_state_dict(mode ? sa->state_dict() : adamw.state_dict());
-      return bytes;
-    };
-    const std::string bare = run(0);
-    CHECK(run(0) == bare);  // deterministic: the same bits twice
-    for (int mode : {1, 2, 3, 4, 5}) {
-      CAPTURE(mode);
-      CHECK(run(mode) == bare);
     }
   }
 }

@@ -208,7 +208,7 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
   bare.enable_hsdp(comm, options);
   inner.enable_hsdp(comm, options);
   SwapConfig config;
-  config.swap_times = 3;
+  config.swap_times = 5;  // more batches than are in flight, where a rank has that many units
   auto swapped = swap_muon(inner, config);
   // Swapped again under a device budget just above this rank's largest unit workspace: a unit
   // with more state than 512 bytes beside it (replicated, sharded or local) streams it in chunks.

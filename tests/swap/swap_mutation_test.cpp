@@ -113,23 +113,23 @@ TEST_SUITE("swap") {
     CHECK(runtime.find_slot(params[2].get(), "momentum_buffer") != nullptr);  // 65
   }
 
-  TEST_CASE("packed prefetch_early is not adopted when the real plan needs larger arenas (a grad missing shifts a batch's parity)") {
-    // AdamW, one unit per param: a, b, c of 1024 elements (8 KiB of moments), d of 4096 (32 KiB);
-    // swap_times 4. prefetch_early plans [a] [b] [c] [d]: arena 0 holds a or c (8 KiB), arena 1
-    // b or d (32 KiB). Without c's grad the step runs [a] [b] [d]: its first two batches are the
-    // early ones, but d now runs in arena 0, which is 24 KiB too small; the step must start afresh.
+  TEST_CASE("packed prefetch_early is not adopted when the real plan needs larger arenas (a grad missing shifts a batch's arena)") {
+    // AdamW, one unit per param: a, b, c, d of 1024 elements (8 KiB of moments), e of 4096 (32 KiB);
+    // swap_times 5. prefetch_early plans [a] [b] [c] [d] [e] in arenas 0 1 2 0 1: arena 0 holds a
+    // or d (8 KiB). Without d's grad the step runs [a] [b] [c] [e]: its first three batches are the
+    // early ones, but e now runs in arena 0, which is 24 KiB too small; the step must start afresh.
     auto make = [] {
       return std::vector<ParamPtr>{matrix("a", 32, 32, 1), matrix("b", 32, 32, 2), matrix("c", 32, 32, 3),
-                                   matrix("d", 64, 64, 4)};
+                                   matrix("d", 32, 32, 5), matrix("e", 64, 64, 4)};
     };
     auto bare_params = make(), swap_params = make();
     auto bare = make_optimizer<AdamW>(bare_params), inner = make_optimizer<AdamW>(swap_params);
     SwapConfig config;
-    config.swap_times = 4;
+    config.swap_times = 5;
     auto swapped = swap_adamw(*inner, config);
     for (int step = 1; step <= 3; ++step) {
       CAPTURE(step);
-      const int skip = step == 2 ? 2 : -1;  // c has no grad at step 2
+      const int skip = step == 2 ? 3 : -1;  // d has no grad at step 2
       if (step > 1) swapped->prefetch_early();
       set_grads(bare_params, step, skip);
       set_grads(swap_params, step, skip);
@@ -137,7 +137,7 @@ TEST_SUITE("swap") {
       swapped->step();
       swapped->synchronize();
       const SwapStepReport report = swapped->last_report();
-      CHECK(report.batches == (step == 2 ? 3 : 4));
+      CHECK(report.batches == (step == 2 ? 4 : 5));
       if (step > 1) CHECK(report.early_prefetch_used == (step == 3));
       check_bitwise(*bare, bare_params, swapped->state_dict(), swap_params);
     }

@@ -453,7 +453,7 @@ TEST_SUITE("swap") {
                           "elements of its " + std::to_string(state_of(first)) + " bytes of state")
                              .c_str(),
                          Error);
-    // Every unit fits alone, but two batches in flight with the largest workspace do not: the
+    // Every unit fits alone, but the batches in flight with the largest workspace do not: the
     // largest units are chunked until the rest fits, and the budget holds.
     auto params3 = test::swap_model(16);
     auto muon3 = make_muon(params3);
