@@ -27,6 +27,7 @@
 #include "../cpu/cpu_stream.h"
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
+#include "swapopt/core/stream.h"
 
 namespace swapopt {
 
@@ -99,7 +100,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 /** The error crosses threads as its message: wait() throws a fresh Error on the waiting thread,
  *  so no exception object is shared between the worker and the caller. */
-class GlooWork final : public Work {
+class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork> {
  public:
   void finish(std::string error) {
     error_ = std::move(error);
@@ -108,6 +109,12 @@ class GlooWork final : public Work {
   void wait() override {
     mark_.wait();
     if (!error_.empty()) throw Error(error_);
+  }
+  /** A task on `consumer` waits for the collective; its failure fails that stream too. */
+  void finish_before(Stream& consumer) override {
+    SWAPOPT_CHECK(consumer.device().is_cpu(),
+                  "[comm] a gloo collective orders CPU streams, got one on " << consumer.device().str());
+    consumer.enqueue([self = shared_from_this()] { self->wait(); });
   }
 
  private:
@@ -146,11 +153,9 @@ class GlooCommunicator final : public Communicator {
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check(tensor, "broadcast");
     SWAPOPT_CHECK(root >= 0 && root < size_, "[comm] broadcast root " << root << " outside group of " << size_);
-    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
-    const size_t n = tensor.nbytes();
-    return submit("broadcast", [this, data, n, root] {
+    return submit("broadcast", [this, tensor, root] {
       auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
-      opts->setOutput(data, n);
+      opts->setOutput(static_cast<uint8_t*>(tensor.data_ptr()), tensor.nbytes());
       opts->setRoot(root);
       opts->setTag(next_tag());
       opts->setTimeout(world_->timeout);
@@ -163,13 +168,10 @@ class GlooCommunicator final : public Communicator {
     check(out, "all_gather");
     SWAPOPT_CHECK(out.nbytes() == in.nbytes() * size_t(size_) && in.dtype() == out.dtype(),
                   "[comm] all_gather output " << out.str() << " must hold " << size_ << " x " << in.str());
-    auto* src = static_cast<uint8_t*>(in.data_ptr());
-    auto* dst = static_cast<uint8_t*>(out.data_ptr());
-    const size_t n = in.nbytes();
-    return submit("all_gather", [this, src, dst, n] {
+    return submit("all_gather", [this, in, out] {
       auto opts = std::make_unique<gloo::AllgatherOptions>(context_);
-      opts->setInput(src, n);
-      opts->setOutput(dst, n * size_t(size_));
+      opts->setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+      opts->setOutput(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
       opts->setTag(next_tag());
       opts->setTimeout(world_->timeout);
       run_collective(std::move(opts), &gloo::allgather);
@@ -179,9 +181,7 @@ class GlooCommunicator final : public Communicator {
   WorkPtr all_reduce(const Tensor& tensor) override {
     check(tensor, "all_reduce");
     SWAPOPT_CHECK(tensor.dtype() == DType::f32, "[comm] all_reduce sums f32 tensors, got " << tensor.str());
-    float* data = tensor.data<float>();
-    const size_t n = size_t(tensor.numel());
-    return submit("all_reduce", [this, data, n] { sum_in_place(data, n); });
+    return submit("all_reduce", [this, tensor] { sum_in_place(tensor.data<float>(), size_t(tensor.numel())); });
   }
 
   // Gloo's reduce-scatter algorithms take per-rank counts and buffers; an all-reduce into a
@@ -192,10 +192,10 @@ class GlooCommunicator final : public Communicator {
     SWAPOPT_CHECK(in.dtype() == DType::f32 && out.dtype() == DType::f32 && in.numel() == out.numel() * size_,
                   "[comm] reduce_scatter: f32 input of " << size_ << " x the output's elements, got " << in.str() << " -> "
                                                          << out.str());
-    const float* src = in.data<float>();
-    float* dst = out.data<float>();
-    const size_t chunk = size_t(out.numel());
-    return submit("reduce_scatter", [this, src, dst, chunk] {
+    return submit("reduce_scatter", [this, in, out] {
+      const float* src = in.data<float>();
+      float* dst = out.data<float>();
+      const size_t chunk = size_t(out.numel());
       std::vector<float> scratch(src, src + chunk * size_t(size_));
       sum_in_place(scratch.data(), scratch.size());
       std::memcpy(dst, scratch.data() + chunk * size_t(rank_), chunk * sizeof(float));
@@ -209,6 +209,14 @@ class GlooCommunicator final : public Communicator {
       opts->setTimeout(world_->timeout);
       run_collective(std::move(opts), &gloo::barrier);
     })->wait();
+  }
+
+  /** The worker, which runs the collectives in issue order, waits for `producer`'s point first. */
+  void start_after(Stream& producer) override {
+    SWAPOPT_CHECK(producer.device().is_cpu(),
+                  "[comm] a gloo collective starts after CPU streams, got one on " << producer.device().str());
+    producer_point_.record(producer);
+    worker_.wait(producer_point_.impl());
   }
 
   std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
@@ -265,6 +273,7 @@ class GlooCommunicator final : public Communicator {
   std::string where_;             // " on rank R of group 'name' (world rank W; ...)"
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t tag_ = 0;  // only the worker thread touches it
+  Event producer_point_{Device::cpu()};  // start_after's mark, captured by the worker's wait
   cpu::CpuStream worker_;  // last: joined first on destruction, while the context still exists
 };
 

@@ -3,12 +3,16 @@
 // given CUDA stream; waits poll completion and NCCL's asynchronous error, aborting on a timeout.
 #include <nccl.h>
 
+#include <algorithm>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "../cuda/cuda_check.h"
-#include "nccl_lifecycle.h"
 #include "../cuda/cuda_stream.h"
+#include "nccl_lifecycle.h"
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/stream.h"
@@ -70,16 +74,54 @@ class RealApi final : public nccl::Api {
   }
 };
 
+/** Timing-free events of one device, reused: a collective takes one for its completion and its
+ *  Work gives it back (a later record does not disturb a stream wait already enqueued on it). */
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    cuda::DeviceGuard guard(device_, std::nothrow);
+    for (cudaEvent_t e : free_) SWAPOPT_CUDA_WARN(cudaEventDestroy(e));
+  }
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  /** A free event (the device is current). */
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        const cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    SWAPOPT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(e);
+  }
+
+ private:
+  int device_;
+  std::mutex mutex_;  // works may be destroyed on any thread
+  std::vector<cudaEvent_t> free_;
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<nccl::CommState> state, int device, cudaEvent_t done, std::string what,
-           std::chrono::milliseconds timeout)
-      : state_(std::move(state)), device_(device), done_(done), what_(std::move(what)), timeout_(timeout),
+  NcclWork(std::shared_ptr<nccl::CommState> state, std::shared_ptr<EventPool> events, int device, cudaEvent_t done,
+           std::string what, std::chrono::milliseconds timeout)
+      : state_(std::move(state)),
+        events_(std::move(events)),
+        device_(device),
+        done_(done),
+        what_(std::move(what)),
+        timeout_(timeout),
         deadline_(nccl::Clock::now() + timeout) {}
-  ~NcclWork() override {
-    cuda::DeviceGuard guard(device_, std::nothrow);
-    SWAPOPT_CUDA_WARN(cudaEventDestroy(done_));
-  }
+  ~NcclWork() override { events_->give(done_); }
 
   void wait() override {
     cuda::DeviceGuard guard(device_);
@@ -93,8 +135,19 @@ class NcclWork final : public Work {
     }
   }
 
+  /** `consumer` waits on the completion event on the device. An error NCCL already reported
+   *  throws here; a later one or a hang surfaces in wait(). */
+  void finish_before(Stream& consumer) override {
+    SWAPOPT_CHECK(consumer.device().is_cuda(),
+                  "[comm] an NCCL collective orders CUDA streams, got one on " << consumer.device().str());
+    state_->check(what_);
+    cuda::DeviceGuard guard(consumer.device().index);
+    SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer.native_handle()), done_, 0));
+  }
+
  private:
   std::shared_ptr<nccl::CommState> state_;
+  std::shared_ptr<EventPool> events_;  // takes done_ back
   int device_;
   cudaEvent_t done_;
   std::string what_;
@@ -107,6 +160,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::shared_ptr<Communicator> bootstrap, const Stream& stream, std::chrono::milliseconds timeout)
       : bootstrap_(std::move(bootstrap)), stream_(stream), timeout_(timeout) {
     SWAPOPT_CHECK(stream_.device().is_cuda(), "[comm] NCCL needs a CUDA stream, got one on " << stream_.device().str());
+    events_ = std::make_shared<EventPool>(stream_.device().index);
+    producer_point_.emplace(stream_.device());
     state_ = std::make_shared<nccl::CommState>(std::make_shared<RealApi>(), "[comm] NCCL rank " + std::to_string(rank()) +
                                                                                  " of " + std::to_string(size()));
     ncclUniqueId id{};
@@ -136,6 +191,31 @@ class NcclCommunicator final : public Communicator {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, c, raw());
     });
   }
+  /** One NCCL group per kMaxGroupOps broadcasts (older NCCL caps a group at 2048 operations). */
+  WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots) override {
+    SWAPOPT_CHECK(tensors.size() == roots.size(),
+                  "[comm] broadcast_many: " << tensors.size() << " tensors and " << roots.size() << " roots");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      check(tensors[i], "broadcast");
+      SWAPOPT_CHECK(roots[i] >= 0 && roots[i] < size(),
+                    "[comm] broadcast root " << roots[i] << " outside group of " << size());
+    }
+    cuda::DeviceGuard guard(stream_.device().index);
+    constexpr size_t kMaxGroupOps = 1024;
+    for (size_t begin = 0; begin < tensors.size(); begin += kMaxGroupOps) {
+      const size_t end = std::min(tensors.size(), begin + kMaxGroupOps);
+      issue("broadcast", [&](ncclComm_t c) {
+        ncclResult_t r = ncclGroupStart();
+        if (r != ncclSuccess) return r;
+        for (size_t i = begin; i < end && (r == ncclSuccess || r == ncclInProgress); ++i)
+          r = ncclBroadcast(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].nbytes(), ncclUint8, roots[i], c,
+                            raw());
+        const ncclResult_t ended = ncclGroupEnd();  // closes the group whatever happened inside it
+        return r == ncclSuccess || r == ncclInProgress ? ended : r;
+      });
+    }
+    return completion("broadcast");
+  }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     check(in, "all_gather");
     check(out, "all_gather");
@@ -164,6 +244,16 @@ class NcclCommunicator final : public Communicator {
                            raw());
     });
   }
+  /** The NCCL stream waits for an event recorded on `producer` (one event, re-recorded: each
+   *  stream wait captures the record before it). */
+  void start_after(Stream& producer) override {
+    SWAPOPT_CHECK(producer.device() == stream_.device(),
+                  "[comm] NCCL on " << stream_.device().str() << " starts after streams of that device, got one on "
+                                    << producer.device().str());
+    if (producer == stream_ || producer.native_handle() == stream_.native_handle()) return;  // one queue already
+    producer_point_->record(producer);
+    stream_.wait(*producer_point_);
+  }
   void barrier() override {
     const Tensor token = Tensor::zeros({1}, DType::f32, stream_.device());
     all_reduce(token)->wait();
@@ -183,14 +273,19 @@ class NcclCommunicator final : public Communicator {
                   "[comm] " << op << " on NCCL needs contiguous tensors on " << stream_.device().str() << ", got " << t.str());
   }
 
-  /** Issues `collective` on the handle (held against a concurrent abort), settles it (a
-   *  non-blocking communicator may still be enqueueing it), then records its completion on the
-   *  stream (event on the stream's device, which is current here). */
-  WorkPtr finish(const char* collective, const std::function<ncclResult_t(ncclComm_t)>& issue) {
+  /** Issues `collective` and returns its completion (the stream's device is current here). */
+  WorkPtr finish(const char* collective, const std::function<ncclResult_t(ncclComm_t)>& call) {
+    issue(collective, call);
+    return completion(collective);
+  }
+
+  /** Runs `call` on the handle (held against a concurrent abort) and settles it: a non-blocking
+   *  communicator may still be enqueueing it. */
+  void issue(const char* collective, const std::function<ncclResult_t(ncclComm_t)>& call) {
     const std::string what = collective;  // the state's errors name the rank and group size
     ncclResult_t result = ncclSuccess;
     state_->call([&](void* comm) {
-      result = issue(static_cast<ncclComm_t>(comm));
+      result = call(static_cast<ncclComm_t>(comm));
       return status_of(result);
     });
     if (status_of(result) == nccl::Status::error) {
@@ -199,16 +294,22 @@ class NcclCommunicator final : public Communicator {
                                         << ncclGetErrorString(result) << " (the communicator was aborted)");
     }
     state_->settle(status_of(result), collective, nccl::Clock::now() + timeout_, timeout_);
-    cudaEvent_t done = nullptr;
-    SWAPOPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+
+  /** The completion of everything issued so far: an event recorded on the stream. */
+  WorkPtr completion(const char* collective) {
+    const cudaEvent_t done = events_->take();
+    auto work = std::make_shared<NcclWork>(state_, events_, stream_.device().index, done, collective, timeout_);
     SWAPOPT_CUDA_CHECK(cudaEventRecord(done, raw()));
-    return std::make_shared<NcclWork>(state_, stream_.device().index, done, what, timeout_);
+    return work;
   }
 
   std::shared_ptr<Communicator> bootstrap_;
   Stream stream_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<nccl::CommState> state_;  // shared with the work handles: destroyed once, after the last
+  std::shared_ptr<EventPool> events_;       // shared with the work handles, which give their events back
+  std::optional<Event> producer_point_;     // start_after's mark (an Event has no default constructor)
 };
 
 }  // namespace

@@ -282,8 +282,7 @@ void Muon::check_step() {
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) check_grad(*p);
   }
-  for (const HsdpAssignment& a : schedule_)
-    if (a.sharded()) check_shard_group_grads(a);
+  if (hsdp_enabled()) check_shard_group_grads();
 }
 
 void Muon::run_step() {
@@ -305,7 +304,7 @@ void Muon::run_step() {
     update_assignment(a, owned);
     finish_assignment(a, broadcaster, owned);
   }
-  broadcaster.wait_all();
+  finish_hsdp_step(broadcaster);
 }
 
 std::string Muon::group_options_json(size_t group) const {

@@ -140,28 +140,60 @@ bool Muon::grads_nonfinite() {
   return sum_over_ranks(mesh_groups_->world(), stream_, mine ? 1.f : 0.f) != 0.f;
 }
 
-void Muon::check_shard_group_grads(const HsdpAssignment& a) {
-  const std::vector<Param*> owned = a.owned();
-  if (owned.empty()) return;  // this replica owns nothing here, and so does its whole shard group
-  // The packing of update_sharded depends on every rank of the shard group stepping the same
+void Muon::check_shard_group_grads() {
+  // The packing of update_sharded depends on every rank of a shard group stepping the same
   // params: compare which ones, as a bitmask of their positions (24 bits per f32 word, exact), so
-  // a mismatch fails on every rank alike.
-  const size_t words = (a.params.size() + 23) / 24;
-  std::vector<float> mask(words, 0.f);
-  for (size_t pos = 0; pos < a.params.size(); ++pos)
-    if (a.owns(a.params[pos]) && a.params[pos]->has_grad()) mask[pos / 24] += float(1u << (pos % 24));
-  const size_t ranks = size_t(a.shards->size());
-  const Tensor mine = Tensor::empty({int64_t(words)}, DType::f32, device(), &stream_);
-  const Tensor all = Tensor::empty({int64_t(words * ranks)}, DType::f32, device(), &stream_);
-  ops::copy(stream_, Tensor::from_floats(mask, {int64_t(words)}), mine);
-  stream_.synchronize();  // the collective reads `mine` now
-  a.shards->all_gather(mine, all)->wait();
-  const std::vector<float> masks = all.to_float_vector();
-  for (size_t r = 0; r < ranks; ++r)
-    SWAPOPT_CHECK(std::equal(masks.begin() + ptrdiff_t(r * words), masks.begin() + ptrdiff_t((r + 1) * words), masks.begin()),
-                  "[Muon] rank " << r << " of the shard group of '" << owned.front()->name
-                                 << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
-                                    "shard group must step the same params");
+  // a mismatch fails on every rank alike. One all-gather per shard group holds every assignment's
+  // mask; one host read answers them all.
+  struct Check {
+    const HsdpAssignment* assignment;
+    size_t first_word;
+  };
+  struct Gather {
+    Communicator* group;
+    std::vector<Check> checks;
+    std::vector<float> mask;
+    Tensor all;
+  };
+  std::vector<Gather> gathers;
+  for (const HsdpAssignment& a : schedule_) {
+    // A replica that owns nothing here has a whole shard group that does not (same coordinate).
+    if (!a.sharded() || a.owned().empty()) continue;
+    auto it = std::find_if(gathers.begin(), gathers.end(), [&](const Gather& g) { return g.group == a.shards.get(); });
+    if (it == gathers.end()) it = gathers.insert(gathers.end(), Gather{a.shards.get(), {}, {}, {}});
+    it->checks.push_back({&a, it->mask.size()});
+    it->mask.resize(it->mask.size() + (a.params.size() + 23) / 24, 0.f);
+    for (size_t pos = 0; pos < a.params.size(); ++pos)
+      if (a.owns(a.params[pos]) && a.params[pos]->has_grad())
+        it->mask[it->checks.back().first_word + pos / 24] += float(1u << (pos % 24));
+  }
+  if (gathers.empty()) return;
+  std::vector<WorkPtr> works;
+  for (Gather& g : gathers) {
+    const int64_t words = int64_t(g.mask.size());
+    const Tensor mine = Tensor::empty({words}, DType::f32, device(), &stream_);
+    g.all = Tensor::empty({words * g.group->size()}, DType::f32, device(), &stream_);
+    ops::copy(stream_, Tensor::from_floats(g.mask, {words}), mine);
+    g.group->start_after(stream_);
+    works.push_back(g.group->all_gather(mine, g.all));
+    works.back()->finish_before(stream_);  // `mine` is freed in order on stream_ after it
+  }
+  for (const WorkPtr& w : works) w->wait();
+  for (const Gather& g : gathers) {
+    const std::vector<float> masks = g.all.to_float_vector();
+    const size_t words = g.mask.size();
+    for (size_t k = 0; k < g.checks.size(); ++k) {
+      const HsdpAssignment& a = *g.checks[k].assignment;
+      const size_t first = g.checks[k].first_word, count = (a.params.size() + 23) / 24;
+      for (size_t r = 0; r < size_t(g.group->size()); ++r)
+        SWAPOPT_CHECK(
+            std::equal(masks.begin() + ptrdiff_t(r * words + first),
+                       masks.begin() + ptrdiff_t(r * words + first + count), masks.begin() + ptrdiff_t(first)),
+            "[Muon] rank " << r << " of the shard group of '" << a.owned().front()->name
+                           << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
+                              "shard group must step the same params");
+    }
+  }
 }
 
 void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
@@ -210,8 +242,9 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
   } else {
     momentum_into(a.group, params, inputs);
   }
-  stream_.synchronize();  // the collective reads `send` now
-  shards.all_gather(send, gathered)->wait();
+  shards.start_after(stream_);  // the all-gather reads `send`
+  step_collectives_.push_back(shards.all_gather(send, gathered));
+  step_collectives_.back()->finish_before(stream_);  // NS reads `gathered`; both are freed in order after it
 
   // Whole matrices assembled from the shards, orthogonalised by their NS rank.
   std::vector<Tensor> updates(ranks);
@@ -232,11 +265,16 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
     const CoreShape cs = core_shape(full.shape());
     orthogonalize(a.group, full.view({cs.count, cs.rows, cs.cols}));
   }
-  stream_.synchronize();  // the broadcasts read the updates now
-  std::vector<WorkPtr> broadcasts;
+  std::vector<Tensor> sent;
+  std::vector<int> roots;
   for (size_t r = 0; r < ranks; ++r)
-    if (update_used[r] > 0) broadcasts.push_back(shards.broadcast(updates[r], int(r)));
-  for (WorkPtr& w : broadcasts) w->wait();
+    if (update_used[r] > 0) {
+      sent.push_back(updates[r]);
+      roots.push_back(int(r));
+    }
+  shards.start_after(stream_);  // the broadcasts read the updates
+  step_collectives_.push_back(shards.broadcast_many(sent, roots));
+  step_collectives_.back()->finish_before(stream_);  // the slices below read them
 
   // Every rank applies its own slice.
   for (size_t i = 0; i < params.size(); ++i) {
@@ -255,6 +293,14 @@ void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBro
                              const std::vector<Param*>& owned_with_grad) {
   run_post_update(assignment.group, owned_with_grad);
   broadcaster.flush(assignment);  // packs on stream_, after the update and the hooks
+}
+
+void Muon::finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster) {
+  broadcaster.wait_all();
+  // Moved out first: a failed wait leaves none of this step's collectives to a later step.
+  std::vector<WorkPtr> sharded = std::move(step_collectives_);
+  step_collectives_.clear();
+  for (const WorkPtr& w : sharded) w->wait();
 }
 
 }  // namespace swapopt

@@ -66,8 +66,8 @@ void Optimizer::apply_schedule() {
 }
 
 void Optimizer::record_step_events() {
-  // Every grad read and param write of a step is on stream_ (HSDP's collectives are waited for on
-  // the host and their results copied on stream_), so its end is both points.
+  // Every grad read and param write of a step is on stream_ (HSDP's collectives read and write
+  // packed buffers only; stream_ waits for them and copies their results), so its end is both points.
   grads_read_.record(stream_);
   params_updated_.record(stream_);
 }

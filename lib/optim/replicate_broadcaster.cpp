@@ -1,21 +1,23 @@
 #include "swapopt/optim/replicate_broadcaster.h"
 
 #include <algorithm>
-#include <iterator>
 
 #include "swapopt/core/ops.h"
 
 namespace swapopt {
 
 AsyncReplicateBroadcaster::~AsyncReplicateBroadcaster() {
-  for (Buffer& b : in_flight_) try {
-      b.work->wait();
-    } catch (...) {  // the step already failed; its error is the one that propagates
-    }
+  // A step that failed between flush() and wait_all(): its stream never took the broadcasts, so
+  // the buffers may be freed only once they completed.
+  if (in_flight_.empty()) return;
+  try {
+    in_flight_work_->wait();
+  } catch (...) {  // the step already failed; its error is the one that propagates
+  }
 }
 
 void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
-  wait_all();  // at most one assignment in flight
+  take_in_flight();  // at most one assignment in flight
   if (!assignment.replicas) return;
   // The same buffers on every rank of the block: owners, dtypes and local shapes agree there.
   std::vector<Buffer> buffers;
@@ -48,31 +50,39 @@ void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
       close();
     }
   }
-  for (Buffer& b : buffers)
+  if (buffers.empty()) return;
+  std::vector<Tensor> packed;
+  std::vector<int> roots;
+  for (const Buffer& b : buffers) {
     if (!b.receive)
       for (size_t i = 0; i < b.params.size(); ++i)
         ops::copy(stream_, b.params[i]->data, b.slot(i));  // after the update: same stream
-  stream_.synchronize();  // the broadcasts read the packed buffers now
-  for (Buffer& b : buffers) {
-    b.work = assignment.replicas->broadcast(b.packed, b.root);
-    in_flight_.push_back(std::move(b));
+    packed.push_back(b.packed);
+    roots.push_back(b.root);
   }
+  assignment.replicas->start_after(stream_);  // the broadcasts read the packed buffers
+  in_flight_work_ = assignment.replicas->broadcast_many(packed, roots);
+  in_flight_ = std::move(buffers);
+}
+
+void AsyncReplicateBroadcaster::take_in_flight() {
+  if (in_flight_.empty()) return;
+  // The stream waits for the broadcasts (no host wait): the receivers' copies below run after
+  // them, and the buffers, freed in order on the stream, outlive them.
+  in_flight_work_->finish_before(stream_);
+  for (const Buffer& b : in_flight_)
+    if (b.receive)
+      for (size_t i = 0; i < b.params.size(); ++i) ops::copy(stream_, b.slot(i), b.params[i]->data);
+  in_flight_.clear();
+  taken_.push_back(std::move(in_flight_work_));
 }
 
 void AsyncReplicateBroadcaster::wait_all() {
-  std::vector<Buffer> pending = std::move(in_flight_);
-  in_flight_.clear();
-  for (size_t k = 0; k < pending.size(); ++k) {
-    Buffer& b = pending[k];
-    try {
-      b.work->wait();
-    } catch (...) {
-      in_flight_.assign(std::make_move_iterator(pending.begin() + ptrdiff_t(k) + 1), std::make_move_iterator(pending.end()));
-      throw;  // the destructor waits for the rest before their buffers go
-    }
-    if (!b.receive) continue;
-    for (size_t i = 0; i < b.params.size(); ++i) ops::copy(stream_, b.slot(i), b.params[i]->data);
-  }
+  take_in_flight();
+  // Moved out first: a failed wait leaves nothing for the destructor.
+  std::vector<WorkPtr> taken = std::move(taken_);
+  taken_.clear();
+  for (const WorkPtr& w : taken) w->wait();
 }
 
 }  // namespace swapopt

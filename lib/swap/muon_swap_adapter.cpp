@@ -60,8 +60,8 @@ void MuonSwapAdapter::begin_step() {
 }
 
 void MuonSwapAdapter::finish_step() {
-  if (broadcaster_) broadcaster_->wait_all();
-  broadcaster_.reset();
+  std::unique_ptr<AsyncReplicateBroadcaster> broadcaster = std::move(broadcaster_);
+  if (broadcaster) muon_.finish_hsdp_step(*broadcaster);
 }
 
 void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {

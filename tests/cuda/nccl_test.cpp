@@ -29,6 +29,32 @@ TEST_CASE("NCCL communicator at world size 1" * doctest::skip(test::no_gpu() || 
   CHECK(x.to_float_vector() == before);
   CHECK(gathered.to_float_vector() == before);
   CHECK(scattered.to_float_vector() == before);
+
+  // Stream-ordered, the host waiting only at the end: a producer stream writes, the grouped
+  // broadcasts start after it, a consumer stream copies their result after them; the event pool
+  // hands out reused events across many works.
+  Stream producer(Device::cuda(0)), consumer(Device::cuda(0));
+  for (int round = 0; round < 3; ++round) {
+    const Tensor a = Tensor::zeros({4096}, DType::f32, Device::cuda(0)),
+                 b = Tensor::zeros({17}, DType::bf16, Device::cuda(0));
+    const Tensor a_src = test::random_tensor({4096}, DType::f32, 10 + uint32_t(round), Device::cuda(0));
+    const Tensor b_src = test::random_tensor({17}, DType::bf16, 20 + uint32_t(round), Device::cuda(0));
+    ops::copy(producer, a_src, a);
+    ops::copy(producer, b_src, b);
+    nccl->start_after(producer);
+    WorkPtr many = nccl->broadcast_many({a, b}, {0, 0});
+    const Tensor a_out = Tensor::zeros({4096}, DType::f32, Device::cuda(0)),
+                 b_out = Tensor::zeros({17}, DType::bf16, Device::cuda(0));
+    many->finish_before(consumer);
+    ops::copy(consumer, a, a_out);
+    ops::copy(consumer, b, b_out);
+    consumer.synchronize();
+    many->wait();
+    CHECK(test::same_bits(a_out.to(Device::cpu()), a_src.to(Device::cpu())));
+    CHECK(test::same_bits(b_out.to(Device::cpu()), b_src.to(Device::cpu())));
+  }
+  CHECK_THROWS_WITH_AS(nccl->start_after(default_stream(Device::cpu())),
+                       "[comm] NCCL on cuda:0 starts after streams of that device, got one on cpu", Error);
   std::system(("rm -rf " + env.rendezvous_dir).c_str());
 }
 

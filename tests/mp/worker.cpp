@@ -50,6 +50,26 @@ void collectives(Communicator& comm) {
     expect(rs_out.to_float_vector()[size_t(j)] == float(n * (2 * r + j) + n * (n - 1) / 2), "reduce_scatter");
   comm.barrier();
 
+  // Stream-ordered: the grouped broadcasts start after a slow producer stream's writes, and a
+  // consumer stream copies their result; the host waits only at the end.
+  Stream producer(Device::cpu()), consumer(Device::cpu());
+  const Tensor p0 = Tensor::zeros({6}, DType::f32, Device::cpu()), p1 = Tensor::zeros({3}, DType::f32, Device::cpu());
+  producer.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  ops::copy(producer, filled(6, float(10 + r)), p0);
+  ops::copy(producer, filled(3, float(20 + r)), p1);
+  comm.start_after(producer);
+  WorkPtr many = comm.broadcast_many({p0, p1}, {0, n - 1});
+  const Tensor got0 = Tensor::zeros({6}, DType::f32, Device::cpu()),
+               got1 = Tensor::zeros({3}, DType::f32, Device::cpu());
+  many->finish_before(consumer);
+  ops::copy(consumer, p0, got0);
+  ops::copy(consumer, p1, got1);
+  consumer.synchronize();
+  many->wait();
+  expect(got0.to_float_vector() == std::vector<float>(6, 10.f), "stream-ordered broadcast_many (root 0)");
+  expect(got1.to_float_vector() == std::vector<float>(3, float(20 + n - 1)),
+         "stream-ordered broadcast_many (last root)");
+
   if (n == 4) {  // mesh 2 x 2: row groups {0,1},{2,3}; column groups {0,2},{1,3}
     const int row = r / 2, col = r % 2;
     auto rows = comm.sub_group({2 * row, 2 * row + 1}, "row" + std::to_string(row));

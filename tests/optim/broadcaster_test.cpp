@@ -57,3 +57,37 @@ TEST_CASE("replicate broadcast: each rank's params equal their owner's bitwise a
     }
   }
 }
+
+TEST_CASE("Communicator defaults: broadcast_many from several roots, start_after and finish_before wait on the host") {
+  const int ranks = 2;
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<int> ok(ranks, 0);
+  const std::vector<std::string> errors = test::run_on_thread_ranks(ranks, [&](int rank) {
+    test::ThreadCommunicator comm(world, "group", rank, ranks);
+    Stream producer(Device::cpu()), consumer(Device::cpu());
+    const Tensor a = Tensor::zeros({5}, DType::f32, Device::cpu()), b = Tensor::zeros({3}, DType::bf16, Device::cpu());
+    ops::copy(producer, test::random_tensor({5}, DType::f32, uint32_t(10 + rank)), a);
+    ops::copy(producer, test::random_tensor({3}, DType::bf16, uint32_t(20 + rank)), b);
+    comm.start_after(producer);
+    WorkPtr work = comm.broadcast_many({a, b}, {1, 0});
+    const Tensor got = Tensor::zeros({5}, DType::f32, Device::cpu());
+    work->finish_before(consumer);
+    ops::copy(consumer, a, got);
+    consumer.synchronize();
+    work->wait();
+    bool same = test::same_bits(got, test::random_tensor({5}, DType::f32, 11)) &&
+                test::same_bits(b, test::random_tensor({3}, DType::bf16, 20));
+    try {
+      comm.broadcast_many({a, b}, {0});
+      same = false;
+    } catch (const Error& e) {
+      same = same && std::string(e.what()) == "[comm] broadcast_many: 2 tensors and 1 roots";
+    }
+    ok[size_t(rank)] = same ? 1 : 0;
+  });
+  for (int rank = 0; rank < ranks; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[size_t(rank)] == "");
+    CHECK(ok[size_t(rank)] == 1);
+  }
+}

@@ -43,6 +43,45 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+/** One rank's bare HSDP Muon and swapped HSDP Muon (swap_times 2), each on its own copy of this
+ *  rank's shards of specs(). */
+struct RankPair {
+  std::vector<ParamPtr> bare_params, swap_params;
+  std::unique_ptr<Muon> bare, inner;
+  std::unique_ptr<SwapOptimizer> swapped;
+
+  RankPair(const std::shared_ptr<Communicator>& comm, const std::shared_ptr<DeviceMesh>& mesh, Device device,
+           const MuonOptions& options) {
+    for (size_t i = 0; i < specs().size(); ++i)
+      for (auto* list : {&bare_params, &swap_params}) {
+        ParamPtr p = make_param(specs()[i].name, block_of(values(specs()[i].shape, i, 0), specs()[i], *mesh).to(device));
+        p->layout = DTensor(p->data, specs()[i].shape, mesh, specs()[i].placements);
+        list->push_back(p);
+      }
+    bare = std::make_unique<Muon>(Stream(device));
+    inner = std::make_unique<Muon>(Stream(device));
+    bare->add_param_group(bare_params, options);
+    inner->add_param_group(swap_params, options);
+    HsdpOptions h;
+    h.name = "bare";
+    bare->enable_hsdp(comm, h);
+    h.name = "swapped";
+    inner->enable_hsdp(comm, h);
+    SwapConfig config;
+    config.swap_times = 2;
+    config.min_numel = 1;
+    swapped = swap_muon(*inner, config);
+  }
+  /** Both get this rank's block of the step's grads. */
+  void set_grads(const DeviceMesh& mesh, Device device, int step) {
+    for (size_t i = 0; i < specs().size(); ++i) {
+      const Tensor g = block_of(values(specs()[i].shape, i, step), specs()[i], mesh);
+      bare_params[i]->grad = g.to(device);
+      swap_params[i]->grad = g.to(device);
+    }
+  }
+};
+
 /** 3 steps of single-process Muon on the full tensors and of bare and swapped HSDP Muon on
  *  `replicas` x `shards` thread ranks; returns per rank the largest |HSDP - reference| and whether
  *  swapped equalled bare bitwise (params and state). */
@@ -72,38 +111,18 @@ void run(Device device, int64_t replicas, int64_t shards, std::vector<double>& o
         auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, n);
         auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{replicas, shards},
                                                  std::vector<std::string>{"replicate", "shard"}, rank);
-        std::vector<ParamPtr> bare_params, swap_params;
-        for (size_t i = 0; i < specs().size(); ++i)
-          for (auto* list : {&bare_params, &swap_params}) {
-            ParamPtr p = make_param(specs()[i].name, block_of(values(specs()[i].shape, i, 0), specs()[i], *mesh).to(device));
-            p->layout = DTensor(p->data, specs()[i].shape, mesh, specs()[i].placements);
-            list->push_back(p);
-          }
-        Muon bare{Stream(device)}, inner{Stream(device)};
-        bare.add_param_group(bare_params, options);
-        inner.add_param_group(swap_params, options);
-        HsdpOptions h;
-        h.name = "bare";
-        bare.enable_hsdp(comm, h);
-        h.name = "swapped";
-        inner.enable_hsdp(comm, h);
-        SwapConfig config;
-        config.swap_times = 2;
-        config.min_numel = 1;
-        auto swapped = swap_muon(inner, config);
+        RankPair pair(comm, mesh, device, options);
+        const std::vector<ParamPtr>& bare_params = pair.bare_params;
+        const std::vector<ParamPtr>& swap_params = pair.swap_params;
         for (int step = 1; step <= 3; ++step) {
-          for (size_t i = 0; i < specs().size(); ++i) {
-            const Tensor g = block_of(values(specs()[i].shape, i, step), specs()[i], *mesh);
-            bare_params[i]->grad = g.to(device);
-            swap_params[i]->grad = g.to(device);
-          }
-          bare.step();
-          swapped->step();
+          pair.set_grads(*mesh, device, step);
+          pair.bare->step();
+          pair.swapped->step();
         }
-        bare.stream().synchronize();
-        inner.stream().synchronize();
+        pair.bare->stream().synchronize();
+        pair.inner->stream().synchronize();
         double worst = 0;
-        bool same = serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict());
+        bool same = serialize_state_dict(pair.bare->state_dict()) == serialize_state_dict(pair.swapped->state_dict());
         for (size_t i = 0; i < specs().size(); ++i) {
           worst = std::max(worst, max_abs_diff(bare_params[i]->data, block_of(ref_params[i]->data, specs()[i], *mesh)));
           same = same && test::same_bits(bare_params[i]->data.to(Device::cpu()), swap_params[i]->data.to(Device::cpu()));
@@ -150,4 +169,55 @@ TEST_CASE("sharded HSDP on thread ranks on one GPU (mesh 2x2): the single-proces
     CHECK(diff[r] < 1e-5);  // cuBLAS may pick other kernels for one matrix than for a batch
     CHECK(swap_same[r] == 1);
   }
+}
+
+TEST_CASE("an HSDP step waits on the host only for its grads check and at its end") {
+  // Mesh 2 x 2 on thread ranks, sharded and replicated params: one bare step and one swapped step
+  // per rank, each logged by a RecordingCommunicator. In between, the stream and the collectives
+  // order each other (start_after, finish_before).
+  constexpr int64_t kReplicas = 2, kShards = 2;
+  const int n = int(kReplicas * kShards);
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<std::vector<std::string>> bare_logs(static_cast<size_t>(n)), swap_logs(static_cast<size_t>(n));
+  const std::vector<std::string> errors = test::run_on_thread_ranks(n, [&](int rank) {
+    auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{kReplicas, kShards},
+                                             std::vector<std::string>{"replicate", "shard"}, rank);
+    auto log = std::make_shared<std::vector<std::string>>();
+    auto comm = std::make_shared<test::RecordingCommunicator>(
+        std::make_shared<test::ThreadCommunicator>(world, "world", rank, n), log);
+    RankPair pair(comm, mesh, Device::cpu(), MuonOptions());
+    pair.set_grads(*mesh, Device::cpu(), 1);
+    log->clear();
+    pair.bare->step();
+    bare_logs[size_t(rank)] = *log;
+    log->clear();
+    pair.swapped->step();
+    swap_logs[size_t(rank)] = *log;
+  });
+  for (int rank = 0; rank < n; ++rank)
+    for (const auto* log : {&bare_logs[size_t(rank)], &swap_logs[size_t(rank)]}) {
+      CAPTURE(rank);
+      CHECK(errors[size_t(rank)] == "");
+      std::vector<size_t> issues, waits;
+      for (size_t k = 0; k < log->size(); ++k) {
+        if ((*log)[k] == "wait") waits.push_back(k);
+        if ((*log)[k] != "issue") continue;
+        issues.push_back(k);
+        // Each collective starts after the stream's work so far (broadcast_many: issues in a row).
+        CHECK(k > 0);
+        CHECK(((*log)[k - 1] == "start_after" || (*log)[k - 1] == "issue"));
+      }
+      // The grads check, at least an all-gather and a broadcast per sharded assignment, and the
+      // replicate broadcasts.
+      REQUIRE(issues.size() >= 4);
+      // The grads check (an all-gather per shard group) is waited for before anything changes, in
+      // one run of waits; after it, no host wait until every collective of the step is issued.
+      REQUIRE(!waits.empty());
+      size_t check_end = waits.front();
+      while (check_end < log->size() && (*log)[check_end] == "wait") ++check_end;
+      CHECK(check_end < issues.back());
+      for (size_t w : waits) CHECK((w < check_end || w > issues.back()));
+      CHECK(std::count(log->begin(), log->end(), "finish_before") >= 2);
+      CHECK(waits.size() >= 2);
+    }
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "swapopt/swapopt.h"
@@ -131,6 +132,71 @@ class ThreadCommunicator final : public Communicator {
   std::shared_ptr<ThreadWorld> world_;
   std::shared_ptr<ThreadGroup> group_;
   int rank_, size_;
+};
+
+/** Runs fn(rank) on `ranks` threads at once; returns each rank's error text ("" when it returned). */
+inline std::vector<std::string> run_on_thread_ranks(int ranks, const std::function<void(int rank)>& fn) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank);
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+/** Wraps a communicator (and its sub-groups) and logs, in one list shared by all of them, what the
+ *  optimizer asks: "start_after", "issue" (each collective), "finish_before" and "wait" (the host
+ *  waits on a collective). */
+class RecordingCommunicator final : public Communicator {
+ public:
+  RecordingCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<std::vector<std::string>> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  WorkPtr broadcast(const Tensor& tensor, int root) override { return issued(inner_->broadcast(tensor, root)); }
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override { return issued(inner_->all_gather(in, out)); }
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override {
+    return issued(inner_->reduce_scatter(in, out));
+  }
+  WorkPtr all_reduce(const Tensor& tensor) override { return issued(inner_->all_reduce(tensor)); }
+  void barrier() override { inner_->barrier(); }
+  void start_after(Stream& producer) override {
+    log_->push_back("start_after");
+    inner_->start_after(producer);
+  }
+  std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
+    return std::make_unique<RecordingCommunicator>(inner_->sub_group(ranks, name), log_);
+  }
+
+ private:
+  struct Recorded final : Work {
+    Recorded(WorkPtr inner, std::shared_ptr<std::vector<std::string>> log)
+        : inner(std::move(inner)), log(std::move(log)) {}
+    void wait() override {
+      log->push_back("wait");
+      inner->wait();
+    }
+    void finish_before(Stream& consumer) override {
+      log->push_back("finish_before");
+      inner->finish_before(consumer);
+    }
+    WorkPtr inner;
+    std::shared_ptr<std::vector<std::string>> log;
+  };
+  WorkPtr issued(WorkPtr work) {
+    log_->push_back("issue");
+    return std::make_shared<Recorded>(std::move(work), log_);
+  }
+
+  std::shared_ptr<Communicator> inner_;
+  std::shared_ptr<std::vector<std::string>> log_;
 };
 
 }  // namespace swapopt::test

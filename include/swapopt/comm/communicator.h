@@ -11,20 +11,36 @@
 
 namespace swapopt {
 
-/** A collective in flight. wait() blocks until it completed and rethrows its error. */
+class Stream;
+
+/** A collective in flight. wait() blocks until it completed and rethrows its error;
+ *  finish_before() orders a stream after it without blocking the host. */
 class Work {
  public:
   virtual ~Work() = default;
   /** Blocks the host until the collective has completed (NCCL: on the device); throws
    *  swapopt::Error when it failed or timed out. */
   virtual void wait() = 0;
+  /** Work enqueued on `consumer` after this call starts only once the collective has completed,
+   *  without blocking the host where the backend can order streams: NCCL makes `consumer` (a CUDA
+   *  stream of the communicator's device) wait on the collective's event, Gloo queues the wait on
+   *  `consumer` (a CPU stream). Errors and timeouts still surface in wait() (Gloo: also in
+   *  `consumer`'s synchronize()); call it, once, before relying on the result on the host. This
+   *  default waits on the host. */
+  virtual void finish_before(Stream& consumer) {
+    (void)consumer;
+    wait();
+  }
 };
 /** Shared handle to a collective in flight, as every collective returns it. */
 using WorkPtr = std::shared_ptr<Work>;
 
 /** Ranks 0..size()-1 of one group. Every rank must issue the same collectives in the same order;
  *  each collective fails with "[comm] <collective> on rank R: ..." when a peer is gone or the
- *  timeout passes, never hangs. Tensors are contiguous; the caller keeps them alive until wait(). */
+ *  timeout passes, never hangs. Tensors are contiguous and written before the collective is issued
+ *  (or on a stream passed to start_after() first). They stay allocated until it completed: until
+ *  wait(), or (CUDA) freed in order on a stream passed to Work::finish_before(); Gloo holds its
+ *  tensors itself until its collective ran. */
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -37,6 +53,10 @@ class Communicator {
 
   /** tensor on every rank = tensor on `root`. */
   virtual WorkPtr broadcast(const Tensor& tensor, int root) = 0;
+  /** tensors[i] on every rank = tensors[i] on roots[i], as one operation: NCCL issues them as one
+   *  group (ncclGroupStart/End). Every rank passes the same roots and sizes. This default issues
+   *  one broadcast after another. */
+  virtual WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots);
   /** out = concat over ranks of `in` (out has size() * in.numel() elements). */
   virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
   /** out = this rank's chunk of the elementwise sum of `in` over ranks (in has size() * out.numel()). */
@@ -45,6 +65,11 @@ class Communicator {
   virtual WorkPtr all_reduce(const Tensor& tensor) = 0;
   /** Returns when every rank has reached it. */
   virtual void barrier() = 0;
+  /** Collectives issued after this call start only once the work enqueued on `producer` so far
+   *  has completed, without blocking the host where the backend can order streams (NCCL: its
+   *  stream waits on an event of `producer`, a CUDA stream of the same device; Gloo: its worker
+   *  waits on a CPU stream). This default synchronizes `producer` on the host. */
+  virtual void start_after(Stream& producer);
   /** A communicator over `ranks` (ranks of this group, ascending, this rank among them); every rank
    *  of `ranks` must call it with the same list, `name` unique per group. */
   virtual std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) = 0;
@@ -83,8 +108,6 @@ struct LaunchEnv {
 
 /** The Gloo (TCP) communicator of all ranks of `env`. */
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env);
-
-class Stream;
 
 /** True when swapopt was built with the NCCL communicator. */
 bool nccl_built();

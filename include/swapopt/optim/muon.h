@@ -155,7 +155,8 @@ class Muon : public Optimizer {
   using MomentumWriter = std::function<void(const std::vector<Tensor>& inputs)>;
   /** Momentum, Newton-Schulz and update of `params` (owned params of `assignment` with grads;
    *  the same list on every rank of the shard group). Sharded: all-gather, NS by the computing
-   *  ranks, broadcast of the updates, each rank's slice applied (synchronises the stream). With
+   *  ranks, broadcast of the updates (one group), each rank's slice applied, all ordered on the
+   *  stream without a host wait (finish_hsdp_step waits for the collectives). With
    *  `write_momentum`, every NS input of the assignment is allocated first and written by it,
    *  once (the same bits as momentum_into). */
   void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
@@ -164,6 +165,11 @@ class Muon : public Optimizer {
    *  param of the assignment from its owner (packed on the stream, after the update). */
   void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                          const std::vector<Param*>& owned_with_grad);
+  /** The end of an HSDP step: the stream takes the broadcasts in flight (receivers' copies), then
+   *  the host waits for every collective of the step. That is the step's one host wait (the
+   *  collectives and the stream order each other on the device, Communicator::start_after and
+   *  Work::finish_before): a lost peer is an error from the step, never a hang later. */
+  void finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster);
 
   /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe
    *  batch; with `write_momentum`, as update_assignment says. */
@@ -215,8 +221,8 @@ class Muon : public Optimizer {
   /** Every group's step += 1; then for each group, every local (no-comm) param with a grad by
    *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
    *  the group's updated params. With HSDP, then every assignment of hsdp_schedule(): its owned
-   *  params with grads (update_assignment, finish_assignment); all broadcasts are waited for before
-   *  step() returns. */
+   *  params with grads (update_assignment, finish_assignment); finish_hsdp_step before step()
+   *  returns. */
   void run_step() override;
 
   std::string group_options_json(size_t group) const override;
@@ -230,8 +236,9 @@ class Muon : public Optimizer {
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
   void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                       const MomentumWriter& write_momentum);
-  /** Collective in a's shard group: every rank steps the same owned params of `a`. */
-  void check_shard_group_grads(const HsdpAssignment& a);
+  /** Collective in every shard group (one all-gather each): every rank steps the same owned
+   *  params of each sharded assignment. */
+  void check_shard_group_grads();
 
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;
@@ -239,6 +246,7 @@ class Muon : public Optimizer {
   std::vector<HsdpAssignment> schedule_;
   std::unordered_map<const Param*, bool> keeps_state_;  // with HSDP: whether this rank owns each param
   HsdpOptions hsdp_options_;
+  std::vector<WorkPtr> step_collectives_;  // the sharded updates' collectives of this step, for finish_hsdp_step
 };
 
 }  // namespace swapopt
