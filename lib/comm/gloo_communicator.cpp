@@ -163,6 +163,28 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  /** Every tensor checked before anything is issued, then one task running the broadcasts in
+   *  order (each rank's worker runs the same sequence). */
+  WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots) override {
+    SWAPOPT_CHECK(tensors.size() == roots.size(),
+                  "[comm] broadcast_many: " << tensors.size() << " tensors and " << roots.size() << " roots");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      check(tensors[i], "broadcast_many");
+      SWAPOPT_CHECK(roots[i] >= 0 && roots[i] < size_,
+                    "[comm] broadcast_many root " << roots[i] << " outside group of " << size_);
+    }
+    return submit("broadcast_many", [this, tensors, roots] {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
+        opts->setOutput(static_cast<uint8_t*>(tensors[i].data_ptr()), tensors[i].nbytes());
+        opts->setRoot(roots[i]);
+        opts->setTag(next_tag());
+        opts->setTimeout(world_->timeout);
+        run_collective(std::move(opts), &gloo::broadcast);
+      }
+    });
+  }
+
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     check(in, "all_gather");
     check(out, "all_gather");

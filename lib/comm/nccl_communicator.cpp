@@ -110,27 +110,47 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
+/** An event of the pool, given back when destroyed. */
+class PooledEvent {
+ public:
+  explicit PooledEvent(std::shared_ptr<EventPool> pool) : pool_(std::move(pool)), event_(pool_->take()) {}
+  ~PooledEvent() { pool_->give(event_); }
+  PooledEvent(const PooledEvent&) = delete;
+  PooledEvent& operator=(const PooledEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  std::shared_ptr<EventPool> pool_;
+  cudaEvent_t event_;
+};
+
+/** A collective (or a group of them) between two events of its stream. Its timeout counts from
+ *  when the stream reaches `started`: the host may enqueue a whole step ahead of the device, and
+ *  the work queued before a collective is not the collective's to wait for. */
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<nccl::CommState> state, std::shared_ptr<EventPool> events, int device, cudaEvent_t done,
+  NcclWork(std::shared_ptr<nccl::CommState> state, const std::shared_ptr<EventPool>& events, int device,
            std::string what, std::chrono::milliseconds timeout)
       : state_(std::move(state)),
-        events_(std::move(events)),
+        started_(events),
+        done_(events),
         device_(device),
-        done_(done),
         what_(std::move(what)),
-        timeout_(timeout),
-        deadline_(nccl::Clock::now() + timeout) {}
-  ~NcclWork() override { events_->give(done_); }
+        timeout_(timeout) {}
+  cudaEvent_t started() const { return started_.get(); }
+  cudaEvent_t done() const { return done_.get(); }
 
   void wait() override {
     cuda::DeviceGuard guard(device_);
     for (;;) {
-      const cudaError_t status = cudaEventQuery(done_);
-      if (status == cudaSuccess) return;
-      SWAPOPT_CHECK(status == cudaErrorNotReady, "[comm] NCCL " << what_ << ": " << cudaGetErrorString(status));
+      if (reached(done_.get())) return;
       state_->check(what_);  // an asynchronous NCCL error (or an earlier abort) ends the wait
-      if (nccl::Clock::now() > deadline_) state_->expire(what_, timeout_);
+      const nccl::Clock::time_point now = nccl::Clock::now();
+      if (!deadline_) {
+        if (reached(started_.get())) deadline_ = now + timeout_;
+      } else if (now > *deadline_) {
+        state_->expire(what_, timeout_);
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
@@ -142,17 +162,24 @@ class NcclWork final : public Work {
                   "[comm] an NCCL collective orders CUDA streams, got one on " << consumer.device().str());
     state_->check(what_);
     cuda::DeviceGuard guard(consumer.device().index);
-    SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer.native_handle()), done_, 0));
+    SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer.native_handle()), done_.get(), 0));
   }
 
  private:
+  /** Whether the stream has passed `event`'s record. */
+  bool reached(cudaEvent_t event) const {
+    const cudaError_t status = cudaEventQuery(event);
+    SWAPOPT_CHECK(status == cudaSuccess || status == cudaErrorNotReady,
+                  "[comm] NCCL " << what_ << ": " << cudaGetErrorString(status));
+    return status == cudaSuccess;
+  }
+
   std::shared_ptr<nccl::CommState> state_;
-  std::shared_ptr<EventPool> events_;  // takes done_ back
+  PooledEvent started_, done_;
   int device_;
-  cudaEvent_t done_;
   std::string what_;
   std::chrono::milliseconds timeout_;
-  nccl::Clock::time_point deadline_;
+  std::optional<nccl::Clock::time_point> deadline_;  // set once the stream reached started_
 };
 
 class NcclCommunicator final : public Communicator {
@@ -186,35 +213,37 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check(tensor, "broadcast");
+    void* data = tensor.data_ptr();
     cuda::DeviceGuard guard(stream_.device().index);
-    return finish("broadcast", [&](ncclComm_t c) {
-      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.nbytes(), ncclUint8, root, c, raw());
-    });
+    return finish("broadcast",
+                  [&](ncclComm_t c) { return ncclBroadcast(data, data, tensor.nbytes(), ncclUint8, root, c, raw()); });
   }
   /** One NCCL group per kMaxGroupOps broadcasts (older NCCL caps a group at 2048 operations). */
   WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots) override {
     SWAPOPT_CHECK(tensors.size() == roots.size(),
                   "[comm] broadcast_many: " << tensors.size() << " tensors and " << roots.size() << " roots");
+    std::vector<void*> data;  // read before any group opens: nothing may throw inside one
     for (size_t i = 0; i < tensors.size(); ++i) {
-      check(tensors[i], "broadcast");
+      check(tensors[i], "broadcast_many");
       SWAPOPT_CHECK(roots[i] >= 0 && roots[i] < size(),
-                    "[comm] broadcast root " << roots[i] << " outside group of " << size());
+                    "[comm] broadcast_many root " << roots[i] << " outside group of " << size());
+      data.push_back(tensors[i].data_ptr());
     }
     cuda::DeviceGuard guard(stream_.device().index);
     constexpr size_t kMaxGroupOps = 1024;
-    for (size_t begin = 0; begin < tensors.size(); begin += kMaxGroupOps) {
-      const size_t end = std::min(tensors.size(), begin + kMaxGroupOps);
-      issue("broadcast", [&](ncclComm_t c) {
-        ncclResult_t r = ncclGroupStart();
-        if (r != ncclSuccess) return r;
-        for (size_t i = begin; i < end && (r == ncclSuccess || r == ncclInProgress); ++i)
-          r = ncclBroadcast(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].nbytes(), ncclUint8, roots[i], c,
-                            raw());
-        const ncclResult_t ended = ncclGroupEnd();  // closes the group whatever happened inside it
-        return r == ncclSuccess || r == ncclInProgress ? ended : r;
-      });
-    }
-    return completion("broadcast");
+    return collective("broadcast_many", [&] {
+      for (size_t begin = 0; begin < tensors.size(); begin += kMaxGroupOps) {
+        const size_t end = std::min(tensors.size(), begin + kMaxGroupOps);
+        issue("broadcast_many", [&](ncclComm_t c) {
+          ncclResult_t r = ncclGroupStart();
+          if (r != ncclSuccess) return r;
+          for (size_t i = begin; i < end && (r == ncclSuccess || r == ncclInProgress); ++i)
+            r = ncclBroadcast(data[i], data[i], tensors[i].nbytes(), ncclUint8, roots[i], c, raw());
+          const ncclResult_t ended = ncclGroupEnd();  // closes the group whatever happened inside it
+          return r == ncclSuccess || r == ncclInProgress ? ended : r;
+        });
+      }
+    });
   }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     check(in, "all_gather");
@@ -273,10 +302,25 @@ class NcclCommunicator final : public Communicator {
                   "[comm] " << op << " on NCCL needs contiguous tensors on " << stream_.device().str() << ", got " << t.str());
   }
 
-  /** Issues `collective` and returns its completion (the stream's device is current here). */
+  /** Issues `collective` and returns its work (the stream's device is current here). */
   WorkPtr finish(const char* collective, const std::function<ncclResult_t(ncclComm_t)>& call) {
-    issue(collective, call);
-    return completion(collective);
+    return this->collective(collective, [&] { issue(collective, call); });
+  }
+
+  /** Runs `issue_calls` between the work's two events on the stream. The events are taken
+   *  first, so that once a collective is issued only the record of its completion can fail, and
+   *  then the communicator is aborted: nothing could order the buffers' frees after it. */
+  WorkPtr collective(const char* name, const std::function<void()>& issue_calls) {
+    auto work = std::make_shared<NcclWork>(state_, events_, stream_.device().index, name, timeout_);
+    SWAPOPT_CUDA_CHECK(cudaEventRecord(work->started(), raw()));
+    issue_calls();
+    const cudaError_t recorded = cudaEventRecord(work->done(), raw());
+    if (recorded != cudaSuccess) {
+      state_->abort();
+      SWAPOPT_FAIL("[comm] NCCL rank " << rank() << " of " << size() << ": recording the end of " << name << " failed: "
+                                       << cudaGetErrorString(recorded) << " (the communicator was aborted)");
+    }
+    return work;
   }
 
   /** Runs `call` on the handle (held against a concurrent abort) and settles it: a non-blocking
@@ -294,14 +338,6 @@ class NcclCommunicator final : public Communicator {
                                         << ncclGetErrorString(result) << " (the communicator was aborted)");
     }
     state_->settle(status_of(result), collective, nccl::Clock::now() + timeout_, timeout_);
-  }
-
-  /** The completion of everything issued so far: an event recorded on the stream. */
-  WorkPtr completion(const char* collective) {
-    const cudaEvent_t done = events_->take();
-    auto work = std::make_shared<NcclWork>(state_, events_, stream_.device().index, done, collective, timeout_);
-    SWAPOPT_CUDA_CHECK(cudaEventRecord(done, raw()));
-    return work;
   }
 
   std::shared_ptr<Communicator> bootstrap_;

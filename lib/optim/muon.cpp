@@ -297,12 +297,17 @@ void Muon::run_step() {
   }
   if (!hsdp_enabled()) return;
   AsyncReplicateBroadcaster broadcaster(stream_, hsdp_options_.broadcast_buffer_bytes);
-  for (const HsdpAssignment& a : schedule_) {
-    std::vector<Param*> owned;
-    for (Param* p : a.owned())
-      if (p->has_grad()) owned.push_back(p);
-    update_assignment(a, owned);
-    finish_assignment(a, broadcaster, owned);
+  try {
+    for (const HsdpAssignment& a : schedule_) {
+      std::vector<Param*> owned;
+      for (Param* p : a.owned())
+        if (p->has_grad()) owned.push_back(p);
+      update_assignment(a, owned);
+      finish_assignment(a, broadcaster, owned);
+    }
+  } catch (...) {
+    abandon_hsdp_step(broadcaster);  // before anyone synchronises a stream that waits on them
+    throw;
   }
   finish_hsdp_step(broadcaster);
 }

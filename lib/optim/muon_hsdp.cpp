@@ -153,7 +153,7 @@ void Muon::check_shard_group_grads() {
     Communicator* group;
     std::vector<Check> checks;
     std::vector<float> mask;
-    Tensor all;
+    Tensor mine, all;
   };
   std::vector<Gather> gathers;
   for (const HsdpAssignment& a : schedule_) {
@@ -168,17 +168,20 @@ void Muon::check_shard_group_grads() {
         it->mask[it->checks.back().first_word + pos / 24] += float(1u << (pos % 24));
   }
   if (gathers.empty()) return;
-  std::vector<WorkPtr> works;
+  // Every mask staged before the first gather (a copy from pageable memory may wait for the
+  // stream), then the gathers, then the host waits for all of them: the answer is read there.
   for (Gather& g : gathers) {
     const int64_t words = int64_t(g.mask.size());
-    const Tensor mine = Tensor::empty({words}, DType::f32, device(), &stream_);
+    g.mine = Tensor::empty({words}, DType::f32, device(), &stream_);
     g.all = Tensor::empty({words * g.group->size()}, DType::f32, device(), &stream_);
-    ops::copy(stream_, Tensor::from_floats(g.mask, {words}), mine);
-    g.group->start_after(stream_);
-    works.push_back(g.group->all_gather(mine, g.all));
-    works.back()->finish_before(stream_);  // `mine` is freed in order on stream_ after it
+    ops::copy(stream_, Tensor::from_floats(g.mask, {words}), g.mine);
   }
-  for (const WorkPtr& w : works) w->wait();
+  std::vector<WorkPtr> works;
+  for (Gather& g : gathers) {
+    g.group->start_after(stream_);
+    works.push_back(g.group->all_gather(g.mine, g.all));
+  }
+  wait_every(works);
   for (const Gather& g : gathers) {
     const std::vector<float> masks = g.all.to_float_vector();
     const size_t words = g.mask.size();
@@ -292,15 +295,52 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
 void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                              const std::vector<Param*>& owned_with_grad) {
   run_post_update(assignment.group, owned_with_grad);
-  broadcaster.flush(assignment);  // packs on stream_, after the update and the hooks
+  WorkPtr broadcasts = broadcaster.flush(assignment);  // packs on stream_, after the update and the hooks
+  if (broadcasts) step_collectives_.push_back(std::move(broadcasts));
+}
+
+void Muon::wait_every(const std::vector<WorkPtr>& works) {
+  // In issue order, each one even after another failed: a collective that never completes is
+  // only aborted (and the streams waiting on it released) by its own wait's timeout, and the
+  // first incomplete one in issue order is always running or about to (its timeout counts from
+  // when it starts).
+  std::exception_ptr first;
+  for (const WorkPtr& w : works) try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  if (!first) return;
+  try {
+    stream_.synchronize();  // a CPU stream's task that waited on a failed collective holds its error
+  } catch (...) {
+  }
+  std::rethrow_exception(first);
 }
 
 void Muon::finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster) {
-  broadcaster.wait_all();
-  // Moved out first: a failed wait leaves none of this step's collectives to a later step.
-  std::vector<WorkPtr> sharded = std::move(step_collectives_);
+  std::exception_ptr first;
+  try {
+    broadcaster.finish();
+  } catch (...) {
+    first = std::current_exception();
+  }
+  // Moved out first: none of this step's collectives is left to a later step.
+  const std::vector<WorkPtr> works = std::move(step_collectives_);
   step_collectives_.clear();
-  for (const WorkPtr& w : sharded) w->wait();
+  try {
+    wait_every(works);
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void Muon::abandon_hsdp_step(AsyncReplicateBroadcaster& broadcaster) noexcept {
+  try {
+    finish_hsdp_step(broadcaster);
+  } catch (...) {  // the step already failed; its error is the one that propagates
+  }
 }
 
 }  // namespace swapopt

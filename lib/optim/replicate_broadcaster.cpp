@@ -7,7 +7,7 @@
 namespace swapopt {
 
 AsyncReplicateBroadcaster::~AsyncReplicateBroadcaster() {
-  // A step that failed between flush() and wait_all(): its stream never took the broadcasts, so
+  // A step that failed between flush() and finish(): its stream never took the broadcasts, so
   // the buffers may be freed only once they completed.
   if (in_flight_.empty()) return;
   try {
@@ -16,9 +16,9 @@ AsyncReplicateBroadcaster::~AsyncReplicateBroadcaster() {
   }
 }
 
-void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
-  take_in_flight();  // at most one assignment in flight
-  if (!assignment.replicas) return;
+WorkPtr AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
+  finish();  // at most one assignment in flight
+  if (!assignment.replicas) return nullptr;
   // The same buffers on every rank of the block: owners, dtypes and local shapes agree there.
   std::vector<Buffer> buffers;
   for (int owner = 0; owner < assignment.replicas->size(); ++owner) {
@@ -50,7 +50,7 @@ void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
       close();
     }
   }
-  if (buffers.empty()) return;
+  if (buffers.empty()) return nullptr;
   std::vector<Tensor> packed;
   std::vector<int> roots;
   for (const Buffer& b : buffers) {
@@ -63,26 +63,20 @@ void AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
   assignment.replicas->start_after(stream_);  // the broadcasts read the packed buffers
   in_flight_work_ = assignment.replicas->broadcast_many(packed, roots);
   in_flight_ = std::move(buffers);
+  return in_flight_work_;
 }
 
-void AsyncReplicateBroadcaster::take_in_flight() {
+void AsyncReplicateBroadcaster::finish() {
   if (in_flight_.empty()) return;
   // The stream waits for the broadcasts (no host wait): the receivers' copies below run after
-  // them, and the buffers, freed in order on the stream, outlive them.
+  // them, and the buffers, freed in order on the stream, outlive them. (If this throws, the
+  // buffers stay for the destructor's host wait.)
   in_flight_work_->finish_before(stream_);
   for (const Buffer& b : in_flight_)
     if (b.receive)
       for (size_t i = 0; i < b.params.size(); ++i) ops::copy(stream_, b.slot(i), b.params[i]->data);
   in_flight_.clear();
-  taken_.push_back(std::move(in_flight_work_));
-}
-
-void AsyncReplicateBroadcaster::wait_all() {
-  take_in_flight();
-  // Moved out first: a failed wait leaves nothing for the destructor.
-  std::vector<WorkPtr> taken = std::move(taken_);
-  taken_.clear();
-  for (const WorkPtr& w : taken) w->wait();
+  in_flight_work_.reset();
 }
 
 }  // namespace swapopt

@@ -59,6 +59,11 @@ void MuonSwapAdapter::begin_step() {
   if (muon_.hsdp_enabled()) broadcaster_ = std::make_unique<AsyncReplicateBroadcaster>(muon_.stream(), muon_.hsdp_options().broadcast_buffer_bytes);
 }
 
+void MuonSwapAdapter::abandon_step() noexcept {
+  std::unique_ptr<AsyncReplicateBroadcaster> broadcaster = std::move(broadcaster_);
+  if (broadcaster) muon_.abandon_hsdp_step(*broadcaster);
+}
+
 void MuonSwapAdapter::finish_step() {
   std::unique_ptr<AsyncReplicateBroadcaster> broadcaster = std::move(broadcaster_);
   if (broadcaster) muon_.finish_hsdp_step(*broadcaster);

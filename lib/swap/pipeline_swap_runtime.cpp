@@ -830,6 +830,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
       begin = end;
     }
   } catch (...) {
+    adapter.abandon_step();  // e.g. collectives the compute stream waits on, before it is synchronised
     try {
       drain(batches);
       synchronize_copies();

@@ -38,8 +38,10 @@ TEST_CASE("replicate broadcast: each rank's params equal their owner's bitwise a
           Stream stream(Device::cpu());
           {
             AsyncReplicateBroadcaster broadcaster(stream, buffer_bytes);
-            broadcaster.flush(a);
-            broadcaster.wait_all();
+            WorkPtr broadcasts = broadcaster.flush(a);
+            broadcaster.finish();
+            REQUIRE(broadcasts != nullptr);
+            broadcasts->wait();
           }
           stream.synchronize();
           bool all = true;
@@ -66,6 +68,7 @@ TEST_CASE("Communicator defaults: broadcast_many from several roots, start_after
     test::ThreadCommunicator comm(world, "group", rank, ranks);
     Stream producer(Device::cpu()), consumer(Device::cpu());
     const Tensor a = Tensor::zeros({5}, DType::f32, Device::cpu()), b = Tensor::zeros({3}, DType::bf16, Device::cpu());
+    producer.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });  // start_after must wait
     ops::copy(producer, test::random_tensor({5}, DType::f32, uint32_t(10 + rank)), a);
     ops::copy(producer, test::random_tensor({3}, DType::bf16, uint32_t(20 + rank)), b);
     comm.start_after(producer);

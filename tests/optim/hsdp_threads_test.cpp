@@ -171,53 +171,121 @@ TEST_CASE("sharded HSDP on thread ranks on one GPU (mesh 2x2): the single-proces
   }
 }
 
-TEST_CASE("an HSDP step waits on the host only for its grads check and at its end") {
-  // Mesh 2 x 2 on thread ranks, sharded and replicated params: one bare step and one swapped step
-  // per rank, each logged by a RecordingCommunicator. In between, the stream and the collectives
-  // order each other (start_after, finish_before).
+/** One bare and one swapped step of every rank of a 2 x 2 mesh of thread ranks (sharded and
+ *  replicated params), each logged; with `fail_issue` >= 0 that collective's wait fails in every
+ *  step, with `fail_order` >= 0 its finish_before (in the middle of the step, on every rank). Returns per rank the two
+ * logs and the errors of the two steps. */
+struct LoggedSteps {
+  std::vector<std::vector<std::string>> bare_logs, swap_logs;
+  std::vector<std::string> bare_errors, swap_errors, errors;
+};
+LoggedSteps logged_steps(int fail_issue, int fail_order = -1) {
   constexpr int64_t kReplicas = 2, kShards = 2;
   const int n = int(kReplicas * kShards);
   auto world = std::make_shared<test::ThreadWorld>();
-  std::vector<std::vector<std::string>> bare_logs(static_cast<size_t>(n)), swap_logs(static_cast<size_t>(n));
-  const std::vector<std::string> errors = test::run_on_thread_ranks(n, [&](int rank) {
+  LoggedSteps out;
+  out.bare_logs.resize(size_t(n));
+  out.swap_logs.resize(size_t(n));
+  out.bare_errors.resize(size_t(n));
+  out.swap_errors.resize(size_t(n));
+  out.errors = test::run_on_thread_ranks(n, [&](int rank) {
     auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{kReplicas, kShards},
                                              std::vector<std::string>{"replicate", "shard"}, rank);
-    auto log = std::make_shared<std::vector<std::string>>();
+    auto log = std::make_shared<test::CallLog>();
     auto comm = std::make_shared<test::RecordingCommunicator>(
         std::make_shared<test::ThreadCommunicator>(world, "world", rank, n), log);
     RankPair pair(comm, mesh, Device::cpu(), MuonOptions());
     pair.set_grads(*mesh, Device::cpu(), 1);
-    log->clear();
-    pair.bare->step();
-    bare_logs[size_t(rank)] = *log;
-    log->clear();
-    pair.swapped->step();
-    swap_logs[size_t(rank)] = *log;
-  });
-  for (int rank = 0; rank < n; ++rank)
-    for (const auto* log : {&bare_logs[size_t(rank)], &swap_logs[size_t(rank)]}) {
-      CAPTURE(rank);
-      CHECK(errors[size_t(rank)] == "");
-      std::vector<size_t> issues, waits;
-      for (size_t k = 0; k < log->size(); ++k) {
-        if ((*log)[k] == "wait") waits.push_back(k);
-        if ((*log)[k] != "issue") continue;
-        issues.push_back(k);
-        // Each collective starts after the stream's work so far (broadcast_many: issues in a row).
-        CHECK(k > 0);
-        CHECK(((*log)[k - 1] == "start_after" || (*log)[k - 1] == "issue"));
+    for (bool swapped : {false, true}) {
+      *log = test::CallLog();
+      log->fail_issue = fail_issue;
+      log->fail_order = fail_order;
+      try {
+        swapped ? pair.swapped->step() : pair.bare->step();
+      } catch (const std::exception& e) {
+        (swapped ? out.swap_errors : out.bare_errors)[size_t(rank)] = e.what();
       }
+      (swapped ? out.swap_logs : out.bare_logs)[size_t(rank)] = log->calls;
+      // A failed step leaves its streams usable: a checkpoint reload must work.
+      (swapped ? pair.swapped->synchronize() : pair.bare->synchronize());
+    }
+  });
+  return out;
+}
+
+/** Positions of `what` in `log`. */
+std::vector<size_t> positions(const std::vector<std::string>& log, const std::string& what) {
+  std::vector<size_t> out;
+  for (size_t k = 0; k < log.size(); ++k)
+    if (log[k] == what) out.push_back(k);
+  return out;
+}
+
+TEST_CASE("an HSDP step waits on the host only for its grads check and at its end") {
+  const LoggedSteps steps = logged_steps(-1);
+  for (size_t rank = 0; rank < steps.errors.size(); ++rank)
+    for (const auto* log : {&steps.bare_logs[rank], &steps.swap_logs[rank]}) {
+      CAPTURE(rank);
+      CHECK(steps.errors[rank] == "");
+      CHECK(steps.bare_errors[rank] == "");
+      CHECK(steps.swap_errors[rank] == "");
+      const std::vector<size_t> issues = positions(*log, "issue"), waits = positions(*log, "wait");
+      // Each collective starts after the stream's work so far.
+      for (size_t k : issues) CHECK((k > 0 && (*log)[k - 1] == "start_after"));
       // The grads check, at least an all-gather and a broadcast per sharded assignment, and the
       // replicate broadcasts.
       REQUIRE(issues.size() >= 4);
       // The grads check (an all-gather per shard group) is waited for before anything changes, in
-      // one run of waits; after it, no host wait until every collective of the step is issued.
+      // one run of waits; after it, no host wait until every collective of the step is issued,
+      // and then one for each of them.
       REQUIRE(!waits.empty());
       size_t check_end = waits.front();
       while (check_end < log->size() && (*log)[check_end] == "wait") ++check_end;
       CHECK(check_end < issues.back());
       for (size_t w : waits) CHECK((w < check_end || w > issues.back()));
-      CHECK(std::count(log->begin(), log->end(), "finish_before") >= 2);
-      CHECK(waits.size() >= 2);
+      const auto update_issues = std::count_if(issues.begin(), issues.end(), [&](size_t k) { return k > check_end; });
+      const auto update_waits = std::count_if(waits.begin(), waits.end(), [&](size_t k) { return k > check_end; });
+      CHECK(update_waits == update_issues);
+      // Every update collective hands its result to the stream, none of the grads check's.
+      CHECK(std::count(log->begin(), log->end(), "finish_before") == update_issues);
     }
+}
+
+TEST_CASE(
+    "an HSDP step whose collective fails waits for every other one, throws the first error, leaves its streams "
+    "usable") {
+  // Issue 0 is the grads check's first all-gather (a failed check changes nothing); 3 and 5 are
+  // collectives of the update, waited for at the step's end.
+  for (int fail_issue : {0, 3, 5}) {
+    CAPTURE(fail_issue);
+    const LoggedSteps steps = logged_steps(fail_issue);
+    for (size_t rank = 0; rank < steps.errors.size(); ++rank) {
+      CAPTURE(rank);
+      CHECK(steps.errors[rank] == "");
+      CHECK(steps.bare_errors[rank] == "[test] injected collective failure");
+      CHECK(steps.swap_errors[rank] == "[test] injected collective failure");
+      for (const auto* log : {&steps.bare_logs[rank], &steps.swap_logs[rank]}) {
+        const std::vector<size_t> issues = positions(*log, "issue"), waits = positions(*log, "wait");
+        // Every collective issued is waited for, also those after the failed one.
+        CHECK(waits.size() == issues.size());
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "an HSDP step that throws in its middle waits for the collectives it issued before its streams are synchronised") {
+  // The finish_before of collective 3 (an update collective, the same point on every rank) throws:
+  // the bare step and the swap runtime's unwind wait for every collective issued so far.
+  const LoggedSteps steps = logged_steps(-1, 3);
+  for (size_t rank = 0; rank < steps.errors.size(); ++rank) {
+    CAPTURE(rank);
+    CHECK(steps.errors[rank] == "");
+    CHECK(steps.bare_errors[rank] == "[test] injected failure to order a stream");
+    CHECK(steps.swap_errors[rank] == "[test] injected failure to order a stream");
+    for (const auto* log : {&steps.bare_logs[rank], &steps.swap_logs[rank]}) {
+      CHECK(positions(*log, "issue").size() >= 4);
+      CHECK(positions(*log, "wait").size() == positions(*log, "issue").size());
+    }
+  }
 }

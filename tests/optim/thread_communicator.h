@@ -150,17 +150,28 @@ inline std::vector<std::string> run_on_thread_ranks(int ranks, const std::functi
   return errors;
 }
 
-/** Wraps a communicator (and its sub-groups) and logs, in one list shared by all of them, what the
- *  optimizer asks: "start_after", "issue" (each collective), "finish_before" and "wait" (the host
- *  waits on a collective). */
+/** What a RecordingCommunicator saw, shared by a communicator and its sub-groups. */
+struct CallLog {
+  std::vector<std::string> calls;  ///< "start_after", "issue", "finish_before", "wait"
+  int issued = 0;                  ///< collectives issued so far
+  int fail_issue = -1;             ///< the wait of the collective issued as number fail_issue throws
+  int fail_order = -1;             ///< the finish_before of the collective issued as number fail_order throws
+};
+
+/** Wraps a communicator (and its sub-groups) and logs what the optimizer asks: "start_after",
+ *  "issue" (each collective), "finish_before" and "wait" (the host waits on a collective). One
+ *  collective's wait can be made to fail (CallLog::fail_issue). */
 class RecordingCommunicator final : public Communicator {
  public:
-  RecordingCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<std::vector<std::string>> log)
+  RecordingCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<CallLog> log)
       : inner_(std::move(inner)), log_(std::move(log)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   WorkPtr broadcast(const Tensor& tensor, int root) override { return issued(inner_->broadcast(tensor, root)); }
+  WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots) override {
+    return issued(inner_->broadcast_many(tensors, roots));
+  }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override { return issued(inner_->all_gather(in, out)); }
   WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) override {
     return issued(inner_->reduce_scatter(in, out));
@@ -168,7 +179,7 @@ class RecordingCommunicator final : public Communicator {
   WorkPtr all_reduce(const Tensor& tensor) override { return issued(inner_->all_reduce(tensor)); }
   void barrier() override { inner_->barrier(); }
   void start_after(Stream& producer) override {
-    log_->push_back("start_after");
+    log_->calls.push_back("start_after");
     inner_->start_after(producer);
   }
   std::unique_ptr<Communicator> sub_group(const std::vector<int>& ranks, const std::string& name) override {
@@ -177,26 +188,30 @@ class RecordingCommunicator final : public Communicator {
 
  private:
   struct Recorded final : Work {
-    Recorded(WorkPtr inner, std::shared_ptr<std::vector<std::string>> log)
-        : inner(std::move(inner)), log(std::move(log)) {}
+    Recorded(WorkPtr inner, std::shared_ptr<CallLog> log, bool fail, bool fail_order)
+        : inner(std::move(inner)), log(std::move(log)), fail(fail), fail_order(fail_order) {}
     void wait() override {
-      log->push_back("wait");
+      log->calls.push_back("wait");
       inner->wait();
+      if (fail) throw Error("[test] injected collective failure");
     }
     void finish_before(Stream& consumer) override {
-      log->push_back("finish_before");
+      log->calls.push_back("finish_before");
+      if (fail_order) throw Error("[test] injected failure to order a stream");
       inner->finish_before(consumer);
     }
     WorkPtr inner;
-    std::shared_ptr<std::vector<std::string>> log;
+    std::shared_ptr<CallLog> log;
+    bool fail, fail_order;
   };
   WorkPtr issued(WorkPtr work) {
-    log_->push_back("issue");
-    return std::make_shared<Recorded>(std::move(work), log_);
+    log_->calls.push_back("issue");
+    const int index = log_->issued++;
+    return std::make_shared<Recorded>(std::move(work), log_, index == log_->fail_issue, index == log_->fail_order);
   }
 
   std::shared_ptr<Communicator> inner_;
-  std::shared_ptr<std::vector<std::string>> log_;
+  std::shared_ptr<CallLog> log_;
 };
 
 }  // namespace swapopt::test

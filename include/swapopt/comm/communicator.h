@@ -24,9 +24,11 @@ class Work {
   /** Work enqueued on `consumer` after this call starts only once the collective has completed,
    *  without blocking the host where the backend can order streams: NCCL makes `consumer` (a CUDA
    *  stream of the communicator's device) wait on the collective's event, Gloo queues the wait on
-   *  `consumer` (a CPU stream). Errors and timeouts still surface in wait() (Gloo: also in
-   *  `consumer`'s synchronize()); call it, once, before relying on the result on the host. This
-   *  default waits on the host. */
+   *  `consumer` (a CPU stream). Errors and timeouts surface in wait() (Gloo: also in `consumer`'s
+   *  synchronize()), so call wait() for every work ordered this way, also after another one
+   *  failed, before synchronising `consumer`: on NCCL that wait's timeout is what aborts a stuck
+   *  communicator and so releases the streams waiting on it. Throws when the collective already
+   *  failed (the stream is then not ordered after it). This default waits on the host. */
   virtual void finish_before(Stream& consumer) {
     (void)consumer;
     wait();
@@ -54,8 +56,9 @@ class Communicator {
   /** tensor on every rank = tensor on `root`. */
   virtual WorkPtr broadcast(const Tensor& tensor, int root) = 0;
   /** tensors[i] on every rank = tensors[i] on roots[i], as one operation: NCCL issues them as one
-   *  group (ncclGroupStart/End). Every rank passes the same roots and sizes. This default issues
-   *  one broadcast after another. */
+   *  group (ncclGroupStart/End), Gloo as one task. Every rank passes the same roots and sizes in
+   *  the same order; the tensors must not overlap. All are checked before any is issued. This
+   *  default issues one broadcast after another. */
   virtual WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots);
   /** out = concat over ranks of `in` (out has size() * in.numel() elements). */
   virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
@@ -67,8 +70,9 @@ class Communicator {
   virtual void barrier() = 0;
   /** Collectives issued after this call start only once the work enqueued on `producer` so far
    *  has completed, without blocking the host where the backend can order streams (NCCL: its
-   *  stream waits on an event of `producer`, a CUDA stream of the same device; Gloo: its worker
-   *  waits on a CPU stream). This default synchronizes `producer` on the host. */
+   *  stream waits on an event of `producer`, a CUDA stream of the same device, which orders every
+   *  communicator sharing that stream, sub-groups included; Gloo: its worker waits on a CPU
+   *  stream). This default synchronizes `producer` on the host. */
   virtual void start_after(Stream& producer);
   /** A communicator over `ranks` (ranks of this group, ascending, this rank among them); every rank
    *  of `ranks` must call it with the same list, `name` unique per group. */
@@ -114,8 +118,10 @@ bool nccl_built();
 
 /** An NCCL communicator over the ranks of `bootstrap` (a Gloo communicator of the same ranks, used
  *  to exchange NCCL ids, here and for sub-groups), running its collectives on `stream` (a CUDA
- *  stream of this rank's device). Tensors live on that device. Work::wait() polls for completion
- *  and for NCCL's asynchronous errors and aborts the communicator after `timeout`. */
+ *  stream of this rank's device; its sub-groups share it). Tensors live on that device.
+ *  Work::wait() polls for completion and for NCCL's asynchronous errors and aborts the
+ *  communicator once the collective has run `timeout` without completing, counted from when the
+ *  stream reached it (the host may enqueue a whole step ahead of the device). */
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap, const Stream& stream,
                                                      std::chrono::milliseconds timeout);
 

@@ -76,7 +76,9 @@ struct MuonHooks {
       momentum_update_fn;
   /** Orthogonalises x [B, m, n] in place; replaces the built-in Newton-Schulz. */
   std::function<void(Stream& stream, const Tensor& x, int ns_steps)> zeropower_fn;
-  /** Called for each updated param after its group's updates (owners only, before broadcasts). */
+  /** Called for each updated param after its group's updates (owners only, before broadcasts).
+   *  Under HSDP the hooks run while the stream waits on collectives on the device: they must not
+   *  synchronise it (that wait has no timeout; the step's end has). */
   std::function<void(Stream& stream, Param& param, const Tensor& local, const PostUpdateContext& context)> post_update_fn;
 };
 
@@ -166,10 +168,16 @@ class Muon : public Optimizer {
   void finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBroadcaster& broadcaster,
                          const std::vector<Param*>& owned_with_grad);
   /** The end of an HSDP step: the stream takes the broadcasts in flight (receivers' copies), then
-   *  the host waits for every collective of the step. That is the step's one host wait (the
-   *  collectives and the stream order each other on the device, Communicator::start_after and
-   *  Work::finish_before): a lost peer is an error from the step, never a hang later. */
+   *  the host waits for every collective of the step, in issue order, each one even after
+   *  another failed, rethrowing the first error. Besides the grads check, that is the step's only
+   *  host wait (in between the collectives and the stream order each other on the device,
+   *  Communicator::start_after and Work::finish_before), and it is what turns a lost peer into an
+   *  error from the step (NCCL: the timeout aborts the communicator, releasing the streams that
+   *  wait on it) instead of a hang in a later synchronize. */
   void finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster);
+  /** finish_hsdp_step for a step that threw: settles its collectives, never throws. Call it before
+   *  synchronising a stream the step ordered after them. */
+  void abandon_hsdp_step(AsyncReplicateBroadcaster& broadcaster) noexcept;
 
   /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe
    *  batch; with `write_momentum`, as update_assignment says. */
@@ -239,6 +247,9 @@ class Muon : public Optimizer {
   /** Collective in every shard group (one all-gather each): every rank steps the same owned
    *  params of each sharded assignment. */
   void check_shard_group_grads();
+  /** Waits on the host for `works` in order, each even after another failed; on a failure
+   *  consumes the stream's error (a Gloo wait task's) and rethrows the first. */
+  void wait_every(const std::vector<WorkPtr>& works);
 
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;
@@ -246,7 +257,7 @@ class Muon : public Optimizer {
   std::vector<HsdpAssignment> schedule_;
   std::unordered_map<const Param*, bool> keeps_state_;  // with HSDP: whether this rank owns each param
   HsdpOptions hsdp_options_;
-  std::vector<WorkPtr> step_collectives_;  // the sharded updates' collectives of this step, for finish_hsdp_step
+  std::vector<WorkPtr> step_collectives_;  // this step's collectives in issue order, for finish_hsdp_step
 };
 
 }  // namespace swapopt

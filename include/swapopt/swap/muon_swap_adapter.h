@@ -32,6 +32,8 @@ class MuonSwapAdapter : public StateSwapAdapter {
   void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override;
   /** Waits for the step's broadcasts. */
   void finish_step() override;
+  /** Waits for the step's collectives (Muon::abandon_hsdp_step) when it threw. */
+  void abandon_step() noexcept override;
 
  private:
   Muon& muon_;

@@ -49,6 +49,9 @@ class StateSwapAdapter {
   virtual void step_chunked(UpdateUnit& unit, const StateStream& stream_state);
   /** After the last batch (e.g. waits for broadcasts). */
   virtual void finish_step() {}
+  /** When the step threw: settles what it left in flight (e.g. waits for its collectives, each
+   *  within its timeout) before the runtime synchronises its streams; never throws. */
+  virtual void abandon_step() noexcept {}
 };
 
 }  // namespace swapopt
