@@ -1,6 +1,8 @@
 // The Communicator defaults that a backend may override with a stream-ordered version.
 #include "swapopt/comm/communicator.h"
 
+#include <exception>
+
 #include "swapopt/core/error.h"
 #include "swapopt/core/stream.h"
 
@@ -12,11 +14,15 @@ namespace {
 class WorkList final : public Work {
  public:
   explicit WorkList(std::vector<WorkPtr> works) : works_(std::move(works)) {}
-  void wait() override {
-    for (const WorkPtr& w : works_) w->wait();
-  }
+  void wait() override { wait_every(works_); }
   void finish_before(Stream& consumer) override {
-    for (const WorkPtr& w : works_) w->finish_before(consumer);
+    std::exception_ptr first;  // every one ordered, even after another failed
+    for (const WorkPtr& w : works_) try {
+        w->finish_before(consumer);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    if (first) std::rethrow_exception(first);
   }
 
  private:
@@ -24,6 +30,16 @@ class WorkList final : public Work {
 };
 
 }  // namespace
+
+void wait_every(const std::vector<WorkPtr>& works) {
+  std::exception_ptr first;
+  for (const WorkPtr& w : works) try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  if (first) std::rethrow_exception(first);
+}
 
 WorkPtr Communicator::broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots) {
   SWAPOPT_CHECK(tensors.size() == roots.size(),

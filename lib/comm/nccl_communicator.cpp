@@ -142,12 +142,18 @@ class NcclWork final : public Work {
 
   void wait() override {
     cuda::DeviceGuard guard(device_);
+    // A backstop for a stream held by something outside the waits (see make_nccl_communicator).
+    const nccl::Clock::time_point unstarted_limit = nccl::Clock::now() + 4 * timeout_;
     for (;;) {
       if (reached(done_.get())) return;
       state_->check(what_);  // an asynchronous NCCL error (or an earlier abort) ends the wait
       const nccl::Clock::time_point now = nccl::Clock::now();
       if (!deadline_) {
-        if (reached(started_.get())) deadline_ = now + timeout_;
+        if (reached(started_.get())) {
+          deadline_ = now + timeout_;
+        } else if (now > unstarted_limit) {
+          state_->expire(what_ + " (its stream never reached it)", 4 * timeout_);
+        }
       } else if (now > *deadline_) {
         state_->expire(what_, timeout_);
       }
@@ -160,9 +166,11 @@ class NcclWork final : public Work {
   void finish_before(Stream& consumer) override {
     SWAPOPT_CHECK(consumer.device().is_cuda(),
                   "[comm] an NCCL collective orders CUDA streams, got one on " << consumer.device().str());
-    state_->check(what_);
     cuda::DeviceGuard guard(consumer.device().index);
+    // Ordered first, then checked: an aborted collective's kernel still ends, and the buffers the
+    // consumer frees in order must outlive it.
     SWAPOPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer.native_handle()), done_.get(), 0));
+    state_->check(what_);
   }
 
  private:

@@ -31,7 +31,7 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
                        : Tensor::empty(p.data.shape(), muon.state_dtype(key, p), device);
       works.push_back(a.replicas->broadcast(buffers[i], int(a.owners[i])));
     }
-    for (WorkPtr& w : works) w->wait();
+    wait_every(works);
     for (size_t i = 0; i < n; ++i)
       if (present[i] != 0.f && a.owners[i] != a.local_coordinate) state.tensors[names[i]] = buffers[i].to(Device::cpu());
   }

@@ -181,7 +181,7 @@ void Muon::check_shard_group_grads() {
     g.group->start_after(stream_);
     works.push_back(g.group->all_gather(g.mine, g.all));
   }
-  wait_every(works);
+  wait_collectives(works);
   for (const Gather& g : gathers) {
     const std::vector<float> masks = g.all.to_float_vector();
     const size_t words = g.mask.size();
@@ -299,23 +299,19 @@ void Muon::finish_assignment(const HsdpAssignment& assignment, AsyncReplicateBro
   if (broadcasts) step_collectives_.push_back(std::move(broadcasts));
 }
 
-void Muon::wait_every(const std::vector<WorkPtr>& works) {
-  // In issue order, each one even after another failed: a collective that never completes is
-  // only aborted (and the streams waiting on it released) by its own wait's timeout, and the
-  // first incomplete one in issue order is always running or about to (its timeout counts from
-  // when it starts).
-  std::exception_ptr first;
-  for (const WorkPtr& w : works) try {
-      w->wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  if (!first) return;
+void Muon::wait_collectives(const std::vector<WorkPtr>& works) {
+  // In issue order: the first incomplete one is always running or about to (an NCCL timeout
+  // counts from when the collective starts), each waited even after another failed (a stuck one
+  // is aborted, and the streams waiting on it released, only by its own wait's timeout).
   try {
-    stream_.synchronize();  // a CPU stream's task that waited on a failed collective holds its error
+    wait_every(works);
   } catch (...) {
+    try {
+      stream_.synchronize();  // a CPU stream's task that waited on a failed collective holds its error
+    } catch (...) {
+    }
+    throw;
   }
-  std::rethrow_exception(first);
 }
 
 void Muon::finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster) {
@@ -329,7 +325,7 @@ void Muon::finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster) {
   const std::vector<WorkPtr> works = std::move(step_collectives_);
   step_collectives_.clear();
   try {
-    wait_every(works);
+    wait_collectives(works);
   } catch (...) {
     if (!first) first = std::current_exception();
   }

@@ -82,7 +82,12 @@ void SwapOptimizer::run_step(PlannedStep& plan) {
     return;
   }
   adapter_->begin_step();
-  runtime_.run(plan.units, plan.batch_sizes, *adapter_);
+  try {
+    runtime_.run(plan.units, plan.batch_sizes, *adapter_);
+  } catch (...) {
+    adapter_->abandon_step();  // (the runtime's unwind has called it already where it synchronises)
+    throw;
+  }
   adapter_->finish_step();
   optimizer().record_step_events();
 }

@@ -94,3 +94,26 @@ TEST_CASE("Communicator defaults: broadcast_many from several roots, start_after
     CHECK(ok[size_t(rank)] == 1);
   }
 }
+
+TEST_CASE("wait_every waits for every work in order, also after failures, and rethrows the first error") {
+  struct Scripted final : Work {
+    Scripted(std::vector<int>& order, int id, const char* error) : order(order), id(id), error(error) {}
+    void wait() override {
+      order.push_back(id);
+      if (error != nullptr) throw Error(error);
+    }
+    std::vector<int>& order;
+    int id;
+    const char* error;
+  };
+  std::vector<int> order;
+  const std::vector<WorkPtr> works = {std::make_shared<Scripted>(order, 0, nullptr),
+                                      std::make_shared<Scripted>(order, 1, "first"),
+                                      std::make_shared<Scripted>(order, 2, nullptr),
+                                      std::make_shared<Scripted>(order, 3, "second")};
+  CHECK_THROWS_WITH_AS(wait_every(works), "first", Error);
+  CHECK(order == std::vector<int>{0, 1, 2, 3});
+  order.clear();
+  CHECK_NOTHROW(wait_every({works[0], works[2]}));
+  CHECK(order == std::vector<int>{0, 2});
+}

@@ -19,7 +19,7 @@ class Work {
  public:
   virtual ~Work() = default;
   /** Blocks the host until the collective has completed (NCCL: on the device); throws
-   *  swapopt::Error when it failed or timed out. */
+   *  swapopt::Error when it failed or timed out. May be called more than once. */
   virtual void wait() = 0;
   /** Work enqueued on `consumer` after this call starts only once the collective has completed,
    *  without blocking the host where the backend can order streams: NCCL makes `consumer` (a CUDA
@@ -27,8 +27,9 @@ class Work {
    *  `consumer` (a CPU stream). Errors and timeouts surface in wait() (Gloo: also in `consumer`'s
    *  synchronize()), so call wait() for every work ordered this way, also after another one
    *  failed, before synchronising `consumer`: on NCCL that wait's timeout is what aborts a stuck
-   *  communicator and so releases the streams waiting on it. Throws when the collective already
-   *  failed (the stream is then not ordered after it). This default waits on the host. */
+   *  communicator and so releases the streams waiting on it. NCCL throws when the collective
+   *  already failed (after ordering the stream: an aborted collective still ends). This default
+   *  waits on the host. */
   virtual void finish_before(Stream& consumer) {
     (void)consumer;
     wait();
@@ -36,6 +37,10 @@ class Work {
 };
 /** Shared handle to a collective in flight, as every collective returns it. */
 using WorkPtr = std::shared_ptr<Work>;
+
+/** Waits for every work in order, each one even after another failed (on NCCL a stuck
+ *  collective is aborted only by its own wait's timeout), then rethrows the first error. */
+void wait_every(const std::vector<WorkPtr>& works);
 
 /** Ranks 0..size()-1 of one group. Every rank must issue the same collectives in the same order;
  *  each collective fails with "[comm] <collective> on rank R: ..." when a peer is gone or the
@@ -57,8 +62,8 @@ class Communicator {
   virtual WorkPtr broadcast(const Tensor& tensor, int root) = 0;
   /** tensors[i] on every rank = tensors[i] on roots[i], as one operation: NCCL issues them as one
    *  group (ncclGroupStart/End), Gloo as one task. Every rank passes the same roots and sizes in
-   *  the same order; the tensors must not overlap. All are checked before any is issued. This
-   *  default issues one broadcast after another. */
+   *  the same order; the tensors must not overlap. NCCL and Gloo check all before issuing any;
+   *  this default issues one broadcast after another. */
   virtual WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots);
   /** out = concat over ranks of `in` (out has size() * in.numel() elements). */
   virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
@@ -121,7 +126,9 @@ bool nccl_built();
  *  stream of this rank's device; its sub-groups share it). Tensors live on that device.
  *  Work::wait() polls for completion and for NCCL's asynchronous errors and aborts the
  *  communicator once the collective has run `timeout` without completing, counted from when the
- *  stream reached it (the host may enqueue a whole step ahead of the device). */
+ *  stream reached it (the host may enqueue a whole step ahead of the device), or when the stream
+ *  has not reached it 4 x `timeout` after the wait began (something outside the waits holds the
+ *  stream: wait for every earlier collective on it first, in issue order). */
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Communicator> bootstrap, const Stream& stream,
                                                      std::chrono::milliseconds timeout);
 

@@ -169,11 +169,12 @@ class Muon : public Optimizer {
                          const std::vector<Param*>& owned_with_grad);
   /** The end of an HSDP step: the stream takes the broadcasts in flight (receivers' copies), then
    *  the host waits for every collective of the step, in issue order, each one even after
-   *  another failed, rethrowing the first error. Besides the grads check, that is the step's only
-   *  host wait (in between the collectives and the stream order each other on the device,
-   *  Communicator::start_after and Work::finish_before), and it is what turns a lost peer into an
-   *  error from the step (NCCL: the timeout aborts the communicator, releasing the streams that
-   *  wait on it) instead of a hang in a later synchronize. */
+   *  another failed, rethrowing the first error. Besides the grads check (and the non-finite vote
+   *  when enabled), that is the step's only host wait (in between the collectives and the stream
+   *  order each other on the device, Communicator::start_after and Work::finish_before), and it is
+   *  what turns a lost peer into an error from the step (NCCL: the timeout aborts the
+   *  communicator, releasing the streams that wait on it) instead of a hang in a later
+   *  synchronize. */
   void finish_hsdp_step(AsyncReplicateBroadcaster& broadcaster);
   /** finish_hsdp_step for a step that threw: settles its collectives, never throws. Call it before
    *  synchronising a stream the step ordered after them. */
@@ -230,7 +231,7 @@ class Muon : public Optimizer {
    *  shape group and memory-safe batch: momentum, Newton-Schulz, update; then post_update_fn for
    *  the group's updated params. With HSDP, then every assignment of hsdp_schedule(): its owned
    *  params with grads (update_assignment, finish_assignment); finish_hsdp_step before step()
-   *  returns. */
+   *  returns, abandon_hsdp_step when an assignment throws. */
   void run_step() override;
 
   std::string group_options_json(size_t group) const override;
@@ -247,9 +248,8 @@ class Muon : public Optimizer {
   /** Collective in every shard group (one all-gather each): every rank steps the same owned
    *  params of each sharded assignment. */
   void check_shard_group_grads();
-  /** Waits on the host for `works` in order, each even after another failed; on a failure
-   *  consumes the stream's error (a Gloo wait task's) and rethrows the first. */
-  void wait_every(const std::vector<WorkPtr>& works);
+  /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
+  void wait_collectives(const std::vector<WorkPtr>& works);
 
   MuonHooks hooks_;
   std::vector<MuonOptions> options_;
