@@ -160,7 +160,10 @@ void Muon::check_shard_group_grads() {
     // A replica that owns nothing here has a whole shard group that does not (same coordinate).
     if (!a.sharded() || a.owned().empty()) continue;
     auto it = std::find_if(gathers.begin(), gathers.end(), [&](const Gather& g) { return g.group == a.shards.get(); });
-    if (it == gathers.end()) it = gathers.insert(gathers.end(), Gather{a.shards.get(), {}, {}, {}});
+    if (it == gathers.end()) {
+      it = gathers.emplace(gathers.end());
+      it->group = a.shards.get();
+    }
     it->checks.push_back({&a, it->mask.size()});
     it->mask.resize(it->mask.size() + (a.params.size() + 23) / 24, 0.f);
     for (size_t pos = 0; pos < a.params.size(); ++pos)
