@@ -153,14 +153,7 @@ class GlooCommunicator final : public Communicator {
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check(tensor, "broadcast");
     SWAPOPT_CHECK(root >= 0 && root < size_, "[comm] broadcast root " << root << " outside group of " << size_);
-    return submit("broadcast", [this, tensor, root] {
-      auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
-      opts->setOutput(static_cast<uint8_t*>(tensor.data_ptr()), tensor.nbytes());
-      opts->setRoot(root);
-      opts->setTag(next_tag());
-      opts->setTimeout(world_->timeout);
-      run_collective(std::move(opts), &gloo::broadcast);
-    });
+    return submit("broadcast", [this, tensor, root] { run_broadcast(tensor, root); });
   }
 
   /** Every tensor checked before anything is issued, then one task running the broadcasts in
@@ -174,14 +167,7 @@ class GlooCommunicator final : public Communicator {
                     "[comm] broadcast_many root " << roots[i] << " outside group of " << size_);
     }
     return submit("broadcast_many", [this, tensors, roots] {
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
-        opts->setOutput(static_cast<uint8_t*>(tensors[i].data_ptr()), tensors[i].nbytes());
-        opts->setRoot(roots[i]);
-        opts->setTag(next_tag());
-        opts->setTimeout(world_->timeout);
-        run_collective(std::move(opts), &gloo::broadcast);
-      }
+      for (size_t i = 0; i < tensors.size(); ++i) run_broadcast(tensors[i], roots[i]);
     });
   }
 
@@ -258,6 +244,16 @@ class GlooCommunicator final : public Communicator {
   void check(const Tensor& t, const char* op) const {
     SWAPOPT_CHECK(t.device().is_cpu() && t.is_contiguous(),
                   "[comm] " << op << " on gloo needs contiguous CPU tensors, got " << t.str());
+  }
+
+  /** One broadcast, run on the worker (broadcast and broadcast_many). */
+  void run_broadcast(const Tensor& tensor, int root) {
+    auto opts = std::make_unique<gloo::BroadcastOptions>(context_);
+    opts->setOutput(static_cast<uint8_t*>(tensor.data_ptr()), tensor.nbytes());
+    opts->setRoot(root);
+    opts->setTag(next_tag());
+    opts->setTimeout(world_->timeout);
+    run_collective(std::move(opts), &gloo::broadcast);
   }
 
   void sum_in_place(float* data, size_t n) {

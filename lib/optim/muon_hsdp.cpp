@@ -147,7 +147,7 @@ void Muon::check_shard_group_grads() {
   // mask; one host read answers them all.
   struct Check {
     const HsdpAssignment* assignment;
-    size_t first_word;
+    size_t first_word, words;  // this assignment's part of the group's mask
   };
   struct Gather {
     Communicator* group;
@@ -164,8 +164,8 @@ void Muon::check_shard_group_grads() {
       it = gathers.emplace(gathers.end());
       it->group = a.shards.get();
     }
-    it->checks.push_back({&a, it->mask.size()});
-    it->mask.resize(it->mask.size() + (a.params.size() + 23) / 24, 0.f);
+    it->checks.push_back({&a, it->mask.size(), (a.params.size() + 23) / 24});
+    it->mask.resize(it->mask.size() + it->checks.back().words, 0.f);
     for (size_t pos = 0; pos < a.params.size(); ++pos)
       if (a.owns(a.params[pos]) && a.params[pos]->has_grad())
         it->mask[it->checks.back().first_word + pos / 24] += float(1u << (pos % 24));
@@ -190,7 +190,7 @@ void Muon::check_shard_group_grads() {
     const size_t words = g.mask.size();
     for (size_t k = 0; k < g.checks.size(); ++k) {
       const HsdpAssignment& a = *g.checks[k].assignment;
-      const size_t first = g.checks[k].first_word, count = (a.params.size() + 23) / 24;
+      const size_t first = g.checks[k].first_word, count = g.checks[k].words;
       for (size_t r = 0; r < size_t(g.group->size()); ++r)
         SWAPOPT_CHECK(
             std::equal(masks.begin() + ptrdiff_t(r * words + first),
