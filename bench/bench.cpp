@@ -16,20 +16,28 @@
 //   swapopt-bench checkpoint  peak process memory (the kernel's VmHWM) of saving and of loading
 //                           512 MiB of swapped AdamW state, through a StateDict and streamed, each
 //                           in a process of its own, against a process that only steps
+//   swapopt-bench ops       host time per op issued (swapopt's checks, dispatch and launch) for
+//                           small ops and a whole Newton-Schulz, and on CUDA the same runtime or
+//                           cuBLAS call made directly, on the same stream
 //   options: --device cpu|cuda  --reps N  --dim D (model width: swap's, and the only one of step/adamw)
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "swapopt/swapopt.h"
+
+#ifdef SWAPOPT_BENCH_RAW_CUDA
+#include "raw_cuda.h"
+#endif
 
 using namespace swapopt;
 
@@ -577,10 +585,91 @@ void run_checkpoint(const Options& o, const std::string& self) {
   std::remove(path.c_str());
 }
 
+/** One row of `ops`: an op issued `calls` times back to back. */
+struct OpCase {
+  std::string name;  // what is issued, with its shape
+  int ops;           // swapopt ops per call (a Newton-Schulz issues many)
+  std::function<void()> issue;
+  std::function<void()> raw;  // the same runtime or cuBLAS call made directly (CUDA), or none
+};
+
+/** Per call, in us: the host's time to issue `calls` back to back, and to issue and then wait for
+ *  them (the device's pace where it is the slower), each over `reps` samples after a warm-up. */
+std::pair<Spread, Spread> time_issue_us(int reps, int calls, const std::function<void()>& issue, Stream& s) {
+  std::vector<double> host, wall;
+  for (int r = 0; r <= reps; ++r) {
+    s.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) issue();
+    const auto t1 = std::chrono::steady_clock::now();
+    s.synchronize();
+    const auto t2 = std::chrono::steady_clock::now();
+    if (r == 0) continue;  // warm-up: cuBLAS picks its kernels, pools grow
+    host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+    wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count() / calls);
+  }
+  return {Spread(host), Spread(wall)};
+}
+
+/** Host cost per op. Small ops (the device's work is a few us) issued back to back show what the
+ *  host spends per op: swapopt's checks and dispatch, the device guard, stream-ordered scratch,
+ *  and the runtime's or cuBLAS's own launch path; on CUDA the same call made directly, without
+ *  swapopt, is the baseline. Fewer calls per sample than a CUDA stream's queue of pending launches
+ *  holds, so that issuing never waits for the device. */
+void run_ops(const Options& o) {
+  Stream s(o.device);
+  const Tensor one = Tensor::zeros({1}, DType::f32, o.device);
+  const Tensor x = random_tensor({1024}, DType::f32, o.device, 1), y = Tensor::zeros({1024}, DType::f32, o.device);
+  const Tensor a = random_tensor({64, 64}, DType::bf16, o.device, 2),
+               b = random_tensor({64, 64}, DType::bf16, o.device, 3);
+  const Tensor c = Tensor::zeros({64, 64}, DType::bf16, o.device);
+  const Tensor g = random_tensor({1, 64, 64}, DType::bf16, o.device, 4),
+               norms = Tensor::zeros({1}, DType::f32, o.device);
+  const Tensor ns_x = random_tensor({1, 256, 256}, DType::bf16, o.device, 5);
+  const auto schedule = ns_schedule("asym5", 5, {});
+  std::vector<OpCase> cases = {
+      {"fill_zero, 1 f32", 1, [&] { ops::fill_zero(s, one); }, {}},
+      {"axpby, 1024 f32", 1, [&] { ops::axpby(s, 0.5f, x, 0.5f, y); }, {}},
+      {"gemm, 64x64 @ 64x64 bf16", 1, [&] { ops::gemm(s, a, false, b, false, c); }, {}},
+      {"syrk, 64x64 bf16", 1, [&] { ops::syrk(s, a, false, c); }, {}},
+      {"frobenius_norm, 64x64 bf16", 1, [&] { ops::frobenius_norm(s, g, norms); }, {}},
+      // Norm, scaling, then per step two Gram products, axpby, copy and GEMM; a last copy.
+      {"newton_schulz, 256x256 bf16, 5 steps", 28, [&] { newton_schulz(s, ns_x, schedule, 1e-7f); }, {}},
+  };
+#ifdef SWAPOPT_BENCH_RAW_CUDA
+  std::unique_ptr<bench::RawCublas> cublas;
+  if (o.device.is_cuda()) {
+    cublas = std::make_unique<bench::RawCublas>(s.native_handle());
+    cases[0].raw = [&] { bench::raw_memset(s.native_handle(), one.data_ptr(), one.nbytes()); };
+    cases[2].raw = [&] { cublas->gemm_bf16(a.data_ptr(), b.data_ptr(), c.data_ptr(), 64, 64, 64); };
+  }
+#endif
+  std::fprintf(stderr, "%-40s %12s %12s %14s %12s\n", "op", "host_us", "host_us/op", "issue+wait_us", "raw_host_us");
+  for (const OpCase& op : cases) {
+    const int calls = op.ops > 1 ? 20 : 200;
+    const auto [host, wall] = time_issue_us(o.reps, calls, op.issue, s);
+    std::string raw_json;
+    double raw_host = 0;
+    if (op.raw) {
+      const auto [raw_h, raw_w] = time_issue_us(o.reps, calls, op.raw, s);
+      raw_json = "," + raw_h.json("raw_host_us") + "," + raw_w.json("raw_wall_us");
+      raw_host = raw_h.median;
+    }
+    std::printf("{\"bench\":\"ops\",\"device\":\"%s\",\"op\":\"%s\",\"ops\":%d,%s,%s%s}\n", o.device.str().c_str(),
+                op.name.c_str(), op.ops, host.json("host_us").c_str(), wall.json("wall_us").c_str(), raw_json.c_str());
+    char raw_text[32] = "-";
+    if (op.raw) std::snprintf(raw_text, sizeof raw_text, "%.2f", raw_host);
+    std::fprintf(stderr, "%-40s %12.2f %12.2f %14.2f %12s\n", op.name.c_str(), host.median, host.median / op.ops,
+                 wall.median, raw_text);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint [--device cpu|cuda] [--reps N] [--dim D] [--budget BYTES (scale)]\n";
+  const char* usage =
+      "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint|ops [--device cpu|cuda] [--reps N] "
+      "[--dim D] [--budget BYTES (scale)]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -621,6 +710,8 @@ int main(int argc, char** argv) {
     else if (command == "scale") run_scale(o);
     else if (command == "pipeline") run_pipeline(o);
     else if (command == "checkpoint") run_checkpoint(o, self_path());
+    else if (command == "ops")
+      run_ops(o);
     else if (command == "checkpoint-run") run_checkpoint_child(o, child_mode, o.dim, child_path);
     else {
       std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());

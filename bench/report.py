@@ -31,6 +31,7 @@ COMMANDS = {
     "scale": ["scale", "--reps", "3"],
     "pipeline": ["pipeline", "--reps", "7"],
     "checkpoint": ["checkpoint", "--reps", "3"],
+    "ops": ["ops", "--reps", "7"],
 }
 
 
@@ -417,6 +418,22 @@ def block_checkpoint(rows):
     return body
 
 
+def block_ops(rows):
+    # raw: the runtime or cuBLAS call swapopt makes, called directly on the same stream (CUDA only).
+    # The direct-call columns only where some row has one.
+    direct = any("raw_host_us" in r for r in rows)
+    header = ["op", "swapopt ops per call", "host us per call", "host us per op", "issue + wait us per call"]
+    if direct:
+        header += ["direct call: host us", "swapopt / direct (host)"]
+    body = []
+    for r in rows:
+        line = [r["op"], r["ops"], spread(r, "host_us"), f"{r['host_us'] / r['ops']:.2f}", spread(r, "wall_us")]
+        if direct:
+            line += [spread(r, "raw_host_us"), f"{r['host_us'] / r['raw_host_us']:.2f}"] if "raw_host_us" in r else ["-", "-"]
+        body.append(line)
+    return table(header, body)
+
+
 def replace_block(text, name, device, body):
     begin, end = f"<!-- begin bench {name} {device} -->", f"<!-- end bench {name} {device} -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
@@ -465,6 +482,8 @@ def render(args):
         if rows["pipeline"]:
             plot_pipeline(rows["pipeline"], png("pipeline"), tmp, args.device)
             text = replace_block(text, "pipeline", args.device, block_pipeline(rows["pipeline"]))
+        if rows["ops"]:
+            text = replace_block(text, "ops", args.device, block_ops(rows["ops"]))
     text = replace_block(text, "machine", args.device, block_machine(info, args.device))
     with open(doc_path, "w") as f:
         f.write(text)
