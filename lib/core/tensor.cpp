@@ -85,8 +85,7 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DT
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>(ptr, size_t(span) * dtype_size(dtype), device);
-  t.shape_ = shape;
-  t.strides_ = strides;
+  t.set_layout(shape, strides);
   t.dtype_ = dtype;
   return t;
 }
@@ -102,25 +101,34 @@ Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, cons
   Tensor t;
   t.storage_ = std::move(storage);
   t.offset_ = offset;
-  t.shape_ = shape;
-  t.strides_ = contiguous_strides(shape);
+  t.set_layout(shape, contiguous_strides(shape));
   t.dtype_ = dtype;
   return t;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape_[size_t(wrap_dim(d, dim(), "Tensor::size"))]; }
+Tensor::Layout::Layout(Shape shape_in, Shape strides_in)
+    : shape(std::move(shape_in)), strides(std::move(strides_in)), numel(shape_numel(shape)), contiguous(true) {
+  // Row-major dense: each stride is the product of the later dims' sizes (a dim of size 1 may
+  // have any stride).
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expected) {
+      contiguous = false;
+      break;
+    }
+    expected *= shape[i];
+  }
+}
+
+const Shape& Tensor::no_dims() {
+  static const Shape none;
+  return none;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[size_t(wrap_dim(d, dim(), "Tensor::size"))]; }
 
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
-
-bool Tensor::is_contiguous() const {
-  int64_t expected = 1;
-  for (size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] == 1) continue;
-    if (strides_[i] != expected) return false;
-    expected *= shape_[i];
-  }
-  return true;
-}
 
 void* Tensor::data_ptr() const {
   SWAPOPT_CHECK(defined(), "[Tensor::data_ptr] undefined tensor");
@@ -148,33 +156,38 @@ Tensor Tensor::view(const Shape& shape) const {
   }
   SWAPOPT_CHECK(shape_numel(resolved) == numel(), "[Tensor::view] cannot view " << str() << " as " << shape_str(shape));
   Tensor t = *this;
-  t.shape_ = resolved;
-  t.strides_ = contiguous_strides(resolved);
+  t.set_layout(resolved, contiguous_strides(resolved));
   return t;
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   const size_t a = size_t(wrap_dim(d0, dim(), "Tensor::transpose"));
   const size_t b = size_t(wrap_dim(d1, dim(), "Tensor::transpose"));
+  Shape shape = this->shape(), strides = this->strides();
+  std::swap(shape[a], shape[b]);
+  std::swap(strides[a], strides[b]);
   Tensor t = *this;
-  std::swap(t.shape_[a], t.shape_[b]);
-  std::swap(t.strides_[a], t.strides_[b]);
+  t.set_layout(std::move(shape), std::move(strides));
   return t;
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const size_t i = size_t(wrap_dim(d, dim(), "Tensor::narrow"));
-  SWAPOPT_CHECK(start >= 0 && length >= 0 && start + length <= shape_[i],
-                "[Tensor::narrow] range [" << start << ", " << start + length << ") out of dim " << d << " of " << str());
+  SWAPOPT_CHECK(
+      start >= 0 && length >= 0 && start + length <= shape()[i],
+      "[Tensor::narrow] range [" << start << ", " << start + length << ") out of dim " << d << " of " << str());
+  Shape shape = this->shape();
+  shape[i] = length;
   Tensor t = *this;
-  t.offset_ += start * strides_[i];
-  t.shape_[i] = length;
+  t.offset_ += start * strides()[i];
+  t.set_layout(std::move(shape), strides());
   return t;
 }
 
 Tensor Tensor::block(const Shape& offset, const Shape& shape) const {
-  SWAPOPT_CHECK(offset.size() == shape_.size() && shape.size() == shape_.size(),
-                "[Tensor::block] offset " << shape_str(offset) << " and shape " << shape_str(shape) << " for " << str());
+  SWAPOPT_CHECK(
+      offset.size() == this->shape().size() && shape.size() == this->shape().size(),
+      "[Tensor::block] offset " << shape_str(offset) << " and shape " << shape_str(shape) << " for " << str());
   Tensor t = *this;
   for (size_t d = 0; d < shape.size(); ++d) t = t.narrow(int64_t(d), offset[d], shape[d]);
   return t;
@@ -182,11 +195,14 @@ Tensor Tensor::block(const Shape& offset, const Shape& shape) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   const size_t i = size_t(wrap_dim(d, dim(), "Tensor::select"));
-  SWAPOPT_CHECK(index >= 0 && index < shape_[i], "[Tensor::select] index " << index << " out of dim " << d << " of " << str());
+  SWAPOPT_CHECK(index >= 0 && index < shape()[i],
+                "[Tensor::select] index " << index << " out of dim " << d << " of " << str());
+  Shape shape = this->shape(), strides = this->strides();
+  shape.erase(shape.begin() + int64_t(i));
+  strides.erase(strides.begin() + int64_t(i));
   Tensor t = *this;
-  t.offset_ += index * strides_[i];
-  t.shape_.erase(t.shape_.begin() + int64_t(i));
-  t.strides_.erase(t.strides_.begin() + int64_t(i));
+  t.offset_ += index * this->strides()[i];
+  t.set_layout(std::move(shape), std::move(strides));
   return t;
 }
 
@@ -194,7 +210,7 @@ Tensor Tensor::to(Device device) const {
   // A copy across devices needs contiguous memory on both sides: a strided view is first made
   // contiguous on its own device (a strided copy there).
   if (device != this->device() && !is_contiguous()) return to(this->device()).to(device);
-  Tensor out = empty(shape_, dtype_, device);
+  Tensor out = empty(shape(), dtype_, device);
   Stream& stream = default_stream(device.is_cuda() ? device : this->device());
   ops::copy(stream, *this, out);
   stream.synchronize();
@@ -222,7 +238,7 @@ Tensor Tensor::from_floats(const std::vector<float>& values, const Shape& shape,
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
-  os << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device().str() << ")";
+  os << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape()) << ", " << device().str() << ")";
   return os.str();
 }
 

@@ -24,7 +24,8 @@ int64_t shape_numel(const Shape& shape);
 /** Row-major strides of a contiguous tensor of `shape`. */
 Shape contiguous_strides(const Shape& shape);
 
-/** A view of typed elements. Cheap to copy: copies share the storage.
+/** A view of typed elements. Cheap to copy: copies share the storage and the shape (a copy
+ *  allocates nothing).
  *
  * Invariants: shape and strides have the same length; offset and strides are in elements; every
  * addressed element lies inside the storage; views made by view/transpose/narrow/select share the
@@ -54,11 +55,11 @@ class Tensor {
   /** False for a default-constructed tensor (no storage). */
   bool defined() const { return storage_ != nullptr; }
   /** Size of each dim. */
-  const Shape& shape() const { return shape_; }
+  const Shape& shape() const { return layout_ ? layout_->shape : no_dims(); }
   /** Stride of each dim, in elements. */
-  const Shape& strides() const { return strides_; }
+  const Shape& strides() const { return layout_ ? layout_->strides : no_dims(); }
   /** Number of dims (0 for a scalar). */
-  int64_t dim() const { return int64_t(shape_.size()); }
+  int64_t dim() const { return int64_t(shape().size()); }
   /** Size of dim `d`; negative d counts from the end. */
   int64_t size(int64_t d) const;
   /** Elements from the start of the storage to element 0. */
@@ -68,14 +69,14 @@ class Tensor {
   /** The storage's device; Device::cpu() for an undefined tensor. */
   Device device() const;
   /** Number of elements: the product of the shape (1 for a scalar). */
-  int64_t numel() const { return shape_numel(shape_); }
+  int64_t numel() const { return layout_ ? layout_->numel : 1; }
   /** Bytes per element of dtype(). */
   size_t element_size() const { return dtype_size(dtype_); }
   /** Logical bytes: numel * element_size. */
   size_t nbytes() const { return size_t(numel()) * element_size(); }
   /** Row-major dense: each stride is the product of the later dims' sizes (a dim of size 1 may
    *  have any stride). */
-  bool is_contiguous() const;
+  bool is_contiguous() const { return !layout_ || layout_->contiguous; }
   /** The shared storage; null for an undefined tensor. */
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   /** True while the storage is released (a shell). */
@@ -115,10 +116,24 @@ class Tensor {
   std::string str() const;
 
  private:
+  /** Shape and strides, shared by a tensor's copies and never changed once built: a view with
+   *  other dims builds its own. */
+  struct Layout {
+    Layout(Shape shape, Shape strides);
+    Shape shape;
+    Shape strides;  // elements
+    int64_t numel;  // the product of shape
+    bool contiguous;
+  };
+  /** The shape of an undefined tensor. */
+  static const Shape& no_dims();
+  void set_layout(Shape shape, Shape strides) {
+    layout_ = std::make_shared<const Layout>(std::move(shape), std::move(strides));
+  }
+
   std::shared_ptr<Storage> storage_;
-  int64_t offset_ = 0;  // elements from storage start
-  Shape shape_;
-  Shape strides_;  // elements
+  std::shared_ptr<const Layout> layout_;  // null for an undefined tensor
+  int64_t offset_ = 0;                    // elements from storage start
   DType dtype_ = DType::f32;
 };
 
