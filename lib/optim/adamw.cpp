@@ -114,12 +114,35 @@ void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_
                     max_exp_avg_sq, scalars_for(o, ps.step));
 }
 
-void AdamW::set_options(size_t group, const AdamWOptions& options) { set_group_options(options_, group, options, name_); }
+void AdamW::check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const {
+  // Every param with state in a group was stepped with the amsgrad it has now (this check keeps
+  // it so), so the first one answers for all.
+  for (const ParamPtr& p : param_groups()[group].params) {
+    const auto it = state_.find(p.get());
+    if (it == state_.end() || it->second.tensors.empty()) continue;
+    SWAPOPT_CHECK(options.amsgrad == (it->second.tensors.count("max_exp_avg_sq") != 0),
+                  "[AdamW] group " << group << " cannot turn amsgrad " << (options.amsgrad ? "on" : "off")
+                                   << ": param '" << p->name << "' has state from steps "
+                                   << (options.amsgrad ? "without" : "with")
+                                   << " it (amsgrad decides which state a param keeps: choose it in add_param_group, "
+                                      "or before the group's first step)");
+    return;
+  }
+}
+
+void AdamW::set_options(size_t group, const AdamWOptions& options) {
+  options.validate();
+  if (group < options_.size()) check_amsgrad_fits_state(group, options);
+  set_group_options(options_, group, options, name_);
+}
 
 void AdamW::set_lr(double lr) { set_every_lr(options_, lr); }
 
 void AdamW::validate_options() const {
-  for (const AdamWOptions& o : options_) o.validate();
+  for (size_t g = 0; g < options_.size(); ++g) {
+    options_[g].validate();
+    check_amsgrad_fits_state(g, options_[g]);  // mutable_options() may have changed it
+  }
 }
 
 void AdamW::run_step() {

@@ -52,6 +52,7 @@ void Muon::add_param_group(std::vector<ParamPtr> params, MuonOptions options) {
   options.validate();
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[Muon] null parameter");
+    SWAPOPT_CHECK(p->data.defined(), "[Muon] parameter '" << p->name << "' must be a defined contiguous tensor");
     SWAPOPT_CHECK(p->data.dim() >= 2, "[Muon] " << p->data.dim() << "-D parameter '" << p->name << "' (shape "
                                                 << shape_str(p->data.shape()) << ") cannot use Muon");
   }

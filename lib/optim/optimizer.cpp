@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "checkpoint_stream.h"
+#include "disjoint_params.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
@@ -72,29 +73,33 @@ void Optimizer::record_step_events() {
   params_updated_.record(stream_);
 }
 
-void Optimizer::check_disjoint(const std::vector<ParamPtr>& added) const {
-  // Each param's update writes its memory; two params over the same bytes would be updated twice
-  // (and, in one fused op, at once). Params are contiguous: a byte range each, sorted by start.
+void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who) {
+  // Params are contiguous: a byte range each, sorted by start.
   struct Range {
     const char* begin;
     const char* end;
     const Param* param;
   };
   std::vector<Range> ranges;
-  const auto add = [&](const ParamPtr& p) {
-    if (p->data.nbytes() == 0 || p->data.is_released()) return;  // no memory to share
+  for (const Param* p : params) {
+    if (p->data.nbytes() == 0 || p->data.is_released()) continue;  // no memory to share
     const char* begin = static_cast<const char*>(p->data.data_ptr());
-    ranges.push_back({begin, begin + p->data.nbytes(), p.get()});
-  };
-  for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) add(p);
-  for (const ParamPtr& p : added) add(p);
-  // Stable: of two params starting at one address, the one added first is named first.
+    ranges.push_back({begin, begin + p->data.nbytes(), p});
+  }
+  // Stable: of two params starting at one address, the one listed first is named first.
   std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return std::less<>()(a.begin, b.begin); });
   for (size_t i = 1; i < ranges.size(); ++i)
     SWAPOPT_CHECK(!std::less<>()(ranges[i].begin, ranges[i - 1].end),
-                  "[" << name_ << "] parameters '" << ranges[i - 1].param->name << "' and '" << ranges[i].param->name
+                  "[" << who << "] parameters '" << ranges[i - 1].param->name << "' and '" << ranges[i].param->name
                       << "' share memory (an update of one would change the other)");
+}
+
+void Optimizer::check_disjoint(const std::vector<ParamPtr>& added) const {
+  std::vector<const Param*> params;
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) params.push_back(p.get());
+  for (const ParamPtr& p : added) params.push_back(p.get());
+  check_disjoint_params(params, name_);
 }
 
 void Optimizer::add_group(std::vector<ParamPtr> params) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_set>
 
+#include "disjoint_params.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -100,6 +102,19 @@ RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRule
 MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params, MuonOptions muon_options,
                              AdamWOptions adamw_options, const RoutingRules& rules, MuonHooks hooks)
     : muon_(std::make_unique<Muon>(stream, std::move(hooks))), adamw_(std::make_unique<AdamW>(stream)) {
+  // Each half checks its own params; these checks span both (one checkpoint names them all, and
+  // a Muon param sharing memory with an AdamW one would be updated by both).
+  std::unordered_set<std::string> names;
+  std::vector<const Param*> all;
+  for (const ParamPtr& p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[MuonWithAdamW] null parameter");
+    SWAPOPT_CHECK(names.insert(p->name).second,
+                  "[MuonWithAdamW] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
+    SWAPOPT_CHECK(p->data.defined(),
+                  "[MuonWithAdamW] parameter '" << p->name << "' must be a defined contiguous tensor");
+    all.push_back(p.get());
+  }
+  check_disjoint_params(all, "MuonWithAdamW");
   RoutedParams routed = route_params(params, rules);
   routing_ = routed.decisions;
   if (!routed.muon.empty()) muon_->add_param_group(std::move(routed.muon), muon_options);

@@ -789,8 +789,10 @@ void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std:
 }
 
 void PipelineSwapRuntime::record_skipped_step() {
+  // An early prefetch began this step's report and counted its loads: they did happen.
+  const bool prefetched = early_ != nullptr;
   discard_early_prefetch();
-  begin_report();
+  if (!prefetched) begin_report();
   report_.skipped_nonfinite = true;
   end_report();
 }

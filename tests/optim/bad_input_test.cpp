@@ -172,6 +172,50 @@ TEST_SUITE("bad input") {
       }
   }
 
+  TEST_CASE(
+      "AdamW's amsgrad cannot change once its group has state: named error, every byte unchanged, the state still "
+      "loads") {
+    const std::string why =
+        " (amsgrad decides which state a param keeps: choose it in add_param_group, or before the group's first step)";
+    const std::string want_off =
+        "[AdamW] group 1 cannot turn amsgrad off: param 'w1' has state from steps with it" + why;
+    const std::string want_on =
+        "[AdamW] group 0 cannot turn amsgrad on: param 'w0' has state from steps without it" + why;
+    for (bool swap : {false, true}) {
+      Subject s(true, swap);  // group 0 {w0, bias}, group 1 {w1, w2} with amsgrad, stepped twice
+      CAPTURE(s.name());
+      AdamW& adamw = static_cast<AdamW&>(*s.optimizer);
+      const std::string before = s.snap();
+      AdamWOptions off = adamw.options(1), on = adamw.options(0);
+      off.amsgrad = false;
+      on.amsgrad = true;
+      CHECK(error_of([&] { adamw.set_options(1, off); }) == want_off);
+      CHECK(error_of([&] { adamw.set_options(0, on); }) == want_on);
+      CHECK(adamw.options(1).amsgrad);
+      CHECK_FALSE(adamw.options(0).amsgrad);
+      // Changed in place, it is caught by the next step and by a save, before anything changes.
+      set_grads(s.params, 3);
+      adamw.mutable_options(1).amsgrad = false;
+      CHECK(error_of([&] { s.step(); }) == want_off);
+      CHECK(error_of([&] { s.state_dict(); }) == want_off);
+      CHECK(s.snap() == before);
+      adamw.mutable_options(1).amsgrad = true;
+      s.step();
+      Subject other(true, swap);
+      CHECK(error_of([&] { other.load(s.state_dict()); }).empty());
+    }
+    // Before a group's first step it may change either way.
+    auto params = model(false);
+    AdamW adamw(Stream(Device::cpu()));
+    adamw.add_param_group(params);
+    AdamWOptions amsgrad;
+    amsgrad.amsgrad = true;
+    adamw.set_options(0, amsgrad);
+    set_grads(params, 1);
+    adamw.step();
+    CHECK(adamw.state().at(params[0].get()).tensors.count("max_exp_avg_sq") == 1);
+  }
+
   TEST_CASE("a device budget below a unit's workspace and two chunks: named error before anything changes") {
     auto params = model(false);
     Muon muon(Stream(Device::cpu()));

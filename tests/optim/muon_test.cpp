@@ -272,6 +272,8 @@ TEST_CASE("Muon rejects invalid options and 1-D params by name") {
                        "[Muon] zero_rms_scale_mode must be 'zero' or 'use_lr', got 'x'", Error);
   ParamPtr bias = make_param("ln.bias", Tensor::zeros({768}, DType::f32, Device::cpu()));
   CHECK_THROWS_WITH_AS(muon.add_param_group({bias}), "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon", Error);
+  CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("x", Tensor())}),
+                       "[Muon] parameter 'x' must be a defined contiguous tensor", Error);
   muon.add_param_group({w});
   CHECK_THROWS_WITH_AS(muon.add_param_group({w}), "[Muon] parameter 'w' is in more than one group", Error);
   CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("w", Tensor::zeros({4, 4}, DType::f32, Device::cpu()))}),

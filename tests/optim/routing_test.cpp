@@ -64,3 +64,31 @@ TEST_CASE("custom rules: checked first to last, on names and shapes; a 1-D param
   CHECK(error_of([&] { route_params({param("ln.weight", {768})}, everything_to_muon); }) ==
         "[routing] 'ln.weight' (shape [768]) would go to Muon (everything), which needs 2 or more dims: route it with a rule");
 }
+
+TEST_CASE("MuonWithAdamW refuses across its halves what each optimizer refuses within itself") {
+  // A [5, 5] matrix (Muon) and a [25] view of the same memory (AdamW): both would update it.
+  std::vector<float> memory(25, 0.5f);
+  const ParamPtr matrix = make_param("blocks.0.w", Tensor::from_blob(memory.data(), {5, 5}, DType::f32, Device::cpu()));
+  const ParamPtr flat =
+      make_param("blocks.0.w_flat", Tensor::from_blob(memory.data(), {25}, DType::f32, Device::cpu()));
+  const Stream stream(Device::cpu());
+  CHECK(error_of([&] {
+          MuonWithAdamW(stream, {matrix, flat});
+        }) ==
+        "[MuonWithAdamW] parameters 'blocks.0.w' and 'blocks.0.w_flat' share memory (an update of one would change the "
+        "other)");
+  // One name in both halves: one checkpoint names every param's state.
+  CHECK(error_of([&] {
+          MuonWithAdamW(stream, {param("x", {4, 4}), param("x", {4})});
+        }) == "[MuonWithAdamW] two parameters are named 'x' (checkpoints name each param's state)");
+  CHECK(error_of([&] { MuonWithAdamW(stream, {param("w", {4, 4}), nullptr}); }) == "[MuonWithAdamW] null parameter");
+  CHECK(error_of([&] { MuonWithAdamW(stream, {make_param("w", Tensor())}); }) ==
+        "[MuonWithAdamW] parameter 'w' must be a defined contiguous tensor");
+  // Disjoint views of one buffer are fine, as in one optimizer.
+  std::vector<float> two(50, 0.5f);
+  CHECK(error_of([&] {
+          MuonWithAdamW(stream,
+                        {make_param("a.w", Tensor::from_blob(two.data(), {5, 5}, DType::f32, Device::cpu())),
+                         make_param("a.norm", Tensor::from_blob(two.data() + 25, {25}, DType::f32, Device::cpu()))});
+        }).empty());
+}

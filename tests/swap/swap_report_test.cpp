@@ -40,4 +40,47 @@ TEST_SUITE("swap") {
     CHECK(second.h2d_bytes < first.h2d_bytes);
     CHECK(second.exposed_wait_ms >= 0.0);
   }
+
+  TEST_CASE("a step skipped for a non-finite grad reports the loads of its early prefetch, and nothing else") {
+    auto params = test::swap_model(3);
+    AdamW adamw(Stream(Device::cpu()));
+    adamw.add_param_group(params);
+    SwapConfig config;
+    config.min_numel = 1;
+    config.swap_times = 4;
+    auto swapped = swap_adamw(adamw, config);
+    swapped->set_skip_nonfinite(true);
+    auto set_grads = [&](float value) {
+      for (const ParamPtr& p : params)
+        p->grad = Tensor::from_floats(std::vector<float>(size_t(p->data.numel()), value), p->data.shape());
+    };
+    set_grads(0.5f);
+    swapped->step();  // every slot exists from here on
+    set_grads(NAN);
+    swapped->step();
+    swapped->synchronize();
+    const SwapStepReport skipped = swapped->last_report();
+    CHECK(swapped->last_step_skipped());
+    CHECK(skipped.skipped_nonfinite);
+    CHECK(skipped.h2d_bytes == 0);
+    CHECK(skipped.d2h_bytes == 0);
+    CHECK(skipped.batches == 0);
+
+    swapped->prefetch_early();
+    swapped->step();
+    swapped->synchronize();
+    const SwapStepReport prefetched = swapped->last_report();
+    CHECK(prefetched.skipped_nonfinite);
+    CHECK(prefetched.h2d_bytes > 0);  // the prefetch's loads happened
+    CHECK(prefetched.h2d_copies > 0);
+    CHECK(prefetched.h2d_bytes < swapped->runtime().slot_bytes());  // the first batches only
+    CHECK(prefetched.d2h_bytes == 0);
+    CHECK(prefetched.batches == 0);
+
+    set_grads(0.25f);
+    swapped->step();
+    swapped->synchronize();
+    CHECK_FALSE(swapped->last_step_skipped());
+    CHECK(swapped->last_report().h2d_bytes == swapped->runtime().slot_bytes());  // a whole step, no prefetch left over
+  }
 }

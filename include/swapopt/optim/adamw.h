@@ -48,7 +48,9 @@ class AdamW : public Optimizer {
    *  save, which throw for a bad value (set_options() checks at once). Throws std::out_of_range
    *  for a bad index. */
   AdamWOptions& mutable_options(size_t group) { return options_.at(group); }
-  /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
+  /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes).
+   *  amsgrad decides which state a param keeps: once the group's params have state it cannot
+   *  change (a named error, here or, after mutable_options(), at the next step or save). */
   void set_options(size_t group, const AdamWOptions& options);
   double lr(size_t group) const override { return options_.at(group).lr; }
   void set_lr(double lr) override;
@@ -83,6 +85,9 @@ class AdamW : public Optimizer {
   bool counts_param_steps() const override { return true; }
 
  private:
+  /** Throws unless `options`' amsgrad matches the state group `group`'s params already have. */
+  void check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const;
+
   std::vector<AdamWOptions> options_;
 };
 

@@ -53,7 +53,8 @@ struct SwapStepReport {
   size_t peak_workspace_bytes = 0;
   /** The first batches' H2D had been issued by prefetch_early() and was used as is. */
   bool early_prefetch_used = false;
-  /** The step was skipped whole for a non-finite grad: nothing was copied or changed. */
+  /** The step was skipped whole for a non-finite grad: nothing changed, and nothing was copied
+   *  but what an early prefetch had loaded (in h2d_bytes and h2d_copies). */
   bool skipped_nonfinite = false;
 };
 

@@ -45,6 +45,11 @@ class SwapOptimizer {
   void synchronize();
   /** The optimizer's zero_grad(). */
   void zero_grad() { optimizer().zero_grad(); }
+  /** The optimizer's set_skip_nonfinite(on): a step whose grads hold a NaN or an infinity is
+   *  skipped whole (nothing changes; last_step_skipped() says so). */
+  void set_skip_nonfinite(bool on) { optimizer().set_skip_nonfinite(on); }
+  /** Whether the last step was skipped for a non-finite grad. */
+  bool last_step_skipped() { return optimizer().last_step_skipped(); }
   /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
    *  runs, planned as if every param will have a gradient; step() continues from there when the
    *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. */
