@@ -10,7 +10,8 @@
 //   swapopt-bench adamw     an AdamW step over the same shapes, by width
 //   swapopt-bench scale     AdamW over 100..50000 small params: swapped vs bare step, state_dict
 //                           and load_state_dict time per param (what grows with the param count);
-//                           with --budget BYTES the swapped optimizer plans under that device budget
+//                           with --budget BYTES the swapped optimizer plans under that device budget,
+//                           with --params N only that many params (scripts/host-instructions.sh)
 //   swapopt-bench pipeline  GB/s of pinned H2D alone, D2H alone and both at once on two streams
 //                           (as the swap pipeline copies), vs a device-to-device copy
 //   swapopt-bench checkpoint  peak process memory (the kernel's VmHWM) of saving and of loading
@@ -49,6 +50,7 @@ struct Options {
   int64_t dim = 512;
   bool dim_given = false;
   size_t budget = 0;  // scale: the swapped optimizer's device_budget_bytes (0: none)
+  int64_t params = 0;  // scale: only this many params (0: 100 to 50000)
 };
 
 /** Repeated measurements of one figure: the median and the spread (fastest, slowest). */
@@ -371,7 +373,9 @@ void run_adamw(const Options& o) {
 void run_scale(const Options& o) {
   std::fprintf(stderr, "%8s %10s %10s %8s %14s %14s %14s\n", "params", "bare_ms", "swap_ms", "ratio", "sd_bare_us/p",
                "sd_swap_us/p", "load_swap_us/p");
-  for (int64_t n : {int64_t(100), int64_t(1000), int64_t(5000), int64_t(20000), int64_t(50000)}) {
+  std::vector<int64_t> counts = {100, 1000, 5000, 20000, 50000};
+  if (o.params > 0) counts = {o.params};
+  for (int64_t n : counts) {
     std::mt19937 gen(7);
     std::uniform_int_distribution<int64_t> size(1024, 4096);
     std::vector<ParamPtr> bare_params, swap_params;
@@ -669,7 +673,7 @@ void run_ops(const Options& o) {
 int main(int argc, char** argv) {
   const char* usage =
       "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint|ops [--device cpu|cuda] [--reps N] "
-      "[--dim D] [--budget BYTES (scale)]\n";
+      "[--dim D] [--budget BYTES (scale)] [--params N (scale)]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -692,6 +696,7 @@ int main(int argc, char** argv) {
     else if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
     else if (flag == "--budget") o.budget = size_t(std::max(0LL, std::atoll(value.c_str())));
+    else if (flag == "--params") o.params = std::max(0LL, std::atoll(value.c_str()));
     else if (flag == "--dim") {
       o.dim = std::max(16, std::atoi(value.c_str()));
       o.dim_given = true;
