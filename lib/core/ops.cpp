@@ -2,6 +2,8 @@
 #include "swapopt/core/ops.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 
 #include "../cpu/cpu_ops.h"
 #include "../cuda/cuda_backend.h"
@@ -54,6 +56,25 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, cons
   SWAPOPT_CHECK(c.is_contiguous(), "[" << op << "] output " << c.str() << " must be contiguous");
 }
 
+/** The bytes from x's first to one past its last addressed element; empty for no elements. */
+std::pair<const char*, const char*> byte_span(const Tensor& x) {
+  if (x.numel() == 0) return {nullptr, nullptr};
+  int64_t last = 0;  // elements from element 0 to the last addressed one
+  for (size_t i = 0; i < x.shape().size(); ++i) last += (x.shape()[i] - 1) * x.strides()[i];
+  const char* begin = static_cast<const char*>(x.data_ptr());
+  return {begin, begin + (last + 1) * int64_t(x.element_size())};
+}
+
+/** A product writes its output while it reads its inputs: they must not share memory. */
+void check_output_apart(const Tensor& out, const Tensor& in, const char* op, const char* name) {
+  const auto [out_begin, out_end] = byte_span(out);
+  const auto [in_begin, in_end] = byte_span(in);
+  SWAPOPT_CHECK(
+      out_begin == nullptr || in_begin == nullptr ||
+          !(std::less<>()(out_begin, in_end) && std::less<>()(in_begin, out_end)),
+      "[" << op << "] out_c shares memory with " << name << " (a product writes its output while it reads its inputs)");
+}
+
 /** The product of the leading dims (1 for a matrix or fewer dims): also for matrices of 0 rows or
  *  columns, which hold no elements. */
 int64_t matrices_in(const Tensor& x) {
@@ -71,6 +92,8 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
   check_on_stream(stream, b, op, "b");
   check_on_stream(stream, out_c, op, "c");
   check_matmul_dtypes(a, b, out_c, op);
+  check_output_apart(out_c, a, op, "a");
+  check_output_apart(out_c, b, op, "b");
   const MatrixLayout la = matrix_layout(a, op), lb = matrix_layout(b, op), lc = matrix_layout(out_c, op);
   const int64_t m = trans_a ? la.cols : la.rows, k = trans_a ? la.rows : la.cols;
   const int64_t kb = trans_b ? lb.cols : lb.rows, n = trans_b ? lb.rows : lb.cols;
@@ -90,6 +113,7 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& out_c, fl
   check_on_stream(stream, a, op, "a");
   check_on_stream(stream, out_c, op, "c");
   check_matmul_dtypes(a, a, out_c, op);
+  check_output_apart(out_c, a, op, "a");
   const MatrixLayout la = matrix_layout(a, op), lc = matrix_layout(out_c, op);
   const int64_t m = trans_a ? la.cols : la.rows;
   SWAPOPT_CHECK(lc.rows == m && lc.cols == m && la.batch == lc.batch,

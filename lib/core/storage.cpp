@@ -1,5 +1,6 @@
 #include "swapopt/core/storage.h"
 
+#include "../cpu/cpu_stream.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/error.h"
 
@@ -27,7 +28,15 @@ void Storage::release(Stream* stream) {
     bound_ = false;
     return;
   }
-  allocator_->deallocate(ptr_, nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
+  if (stream == nullptr && !stream_ && device_.is_cpu()) {
+    // As a CUDA free without a stream waits for the device: the bytes go back once the work queued
+    // on every CPU stream so far has run (queued ops may still use them; they hold the storage,
+    // not its bytes).
+    cpu::after_queued_work(
+        [allocator = allocator_, ptr = ptr_, nbytes = nbytes_] { allocator->deallocate(ptr, nbytes, nullptr); });
+  } else {
+    allocator_->deallocate(ptr_, nbytes_, stream != nullptr ? stream : stream_ ? &*stream_ : nullptr);
+  }
   ptr_ = nullptr;
 }
 

@@ -36,8 +36,14 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 namespace {
-void check_shape(const Shape& shape, const char* op) {
-  for (int64_t d : shape) SWAPOPT_CHECK(d >= 0, "[" << op << "] negative dim in shape " << shape_str(shape));
+/** Dims >= 0 whose bytes of `dtype` fit in an int64. */
+void check_shape(const Shape& shape, const char* op, DType dtype) {
+  int64_t bytes = int64_t(dtype_size(dtype));
+  for (int64_t d : shape) {
+    SWAPOPT_CHECK(d >= 0, "[" << op << "] negative dim in shape " << shape_str(shape));
+    SWAPOPT_CHECK(!__builtin_mul_overflow(bytes, d, &bytes),
+                  "[" << op << "] shape " << shape_str(shape) << " of " << dtype_name(dtype) << " is too large");
+  }
 }
 
 int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
@@ -48,7 +54,7 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* stream) {
-  check_shape(shape, "Tensor::empty");
+  check_shape(shape, "Tensor::empty", dtype);
   const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   return on_storage(std::make_shared<Storage>(nbytes, device, device_allocator(device), stream), 0, shape, dtype);
 }
@@ -73,15 +79,19 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device devi
 }
 
 Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DType dtype, Device device) {
-  check_shape(shape, "Tensor::from_blob");
+  check_shape(shape, "Tensor::from_blob", dtype);
   SWAPOPT_CHECK(strides.size() == shape.size(), "[Tensor::from_blob] " << strides.size() << " strides for shape "
                                                                           << shape_str(shape));
   SWAPOPT_CHECK(ptr != nullptr || shape_numel(shape) == 0, "[Tensor::from_blob] null pointer for shape " << shape_str(shape));
-  int64_t span = 1;  // elements from the first to one past the last addressed element
+  int64_t span = shape_numel(shape) == 0 ? 0 : 1;  // elements from the first to one past the last addressed element
   for (size_t i = 0; i < shape.size(); ++i) {
     SWAPOPT_CHECK(strides[i] >= 0, "[Tensor::from_blob] negative stride " << strides[i]);
-    if (shape[i] == 0) span = 0;
-    if (span != 0) span += (shape[i] - 1) * strides[i];
+    int64_t reach = 0;
+    SWAPOPT_CHECK(
+        span == 0 ||
+            (!__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) && !__builtin_add_overflow(span, reach, &span) &&
+             !__builtin_mul_overflow(span, int64_t(dtype_size(dtype)), &reach)),
+        "[Tensor::from_blob] strides " << shape_str(strides) << " for shape " << shape_str(shape) << " are too large");
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>(ptr, size_t(span) * dtype_size(dtype), device);
@@ -91,9 +101,12 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DT
 }
 
 Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype) {
-  check_shape(shape, "Tensor::on_storage");
+  check_shape(shape, "Tensor::on_storage", dtype);
   SWAPOPT_CHECK(storage != nullptr, "[Tensor::on_storage] null storage");
-  const size_t end = (size_t(offset) + size_t(shape_numel(shape))) * dtype_size(dtype);
+  // Both terms are below 2^63 bytes (the offset checked against the storage, the shape above).
+  const size_t end = offset >= 0 && size_t(offset) <= storage->nbytes() / dtype_size(dtype)
+                         ? (size_t(offset) + size_t(shape_numel(shape))) * dtype_size(dtype)
+                         : SIZE_MAX;
   SWAPOPT_CHECK(offset >= 0 && end <= storage->nbytes(), "[Tensor::on_storage] view " << shape_str(shape) << " at offset "
                                                                                        << offset << " needs " << end
                                                                                        << " bytes, storage has "
@@ -147,7 +160,8 @@ Tensor Tensor::view(const Shape& shape) const {
       infer = int(i);
     } else {
       SWAPOPT_CHECK(resolved[i] >= 0, "[Tensor::view] negative dim in " << shape_str(shape));
-      known *= resolved[i];
+      SWAPOPT_CHECK(!__builtin_mul_overflow(known, resolved[i], &known),
+                    "[Tensor::view] cannot view " << str() << " as " << shape_str(shape));
     }
   }
   if (infer >= 0) {
@@ -173,9 +187,13 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const size_t i = size_t(wrap_dim(d, dim(), "Tensor::narrow"));
-  SWAPOPT_CHECK(
-      start >= 0 && length >= 0 && start + length <= shape()[i],
-      "[Tensor::narrow] range [" << start << ", " << start + length << ") out of dim " << d << " of " << str());
+  if (!(start >= 0 && length >= 0 && start <= shape()[i] && length <= shape()[i] - start)) {
+    int64_t end = 0;  // the message's bound, which may not fit an int64
+    const bool huge = __builtin_add_overflow(start, length, &end);
+    SWAPOPT_FAIL("[Tensor::narrow] range ["
+                 << start << ", " << (huge ? std::string("beyond int64") : std::to_string(end)) << ") out of dim " << d
+                 << " of " << str());
+  }
   Shape shape = this->shape();
   shape[i] = length;
   Tensor t = *this;

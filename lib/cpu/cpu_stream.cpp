@@ -1,5 +1,9 @@
 #include "cpu_stream.h"
 
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
 #include "swapopt/core/error.h"
 
 namespace swapopt::cpu {
@@ -28,9 +32,30 @@ bool CompletionMark::done() {
   return done_;
 }
 
-CpuStream::CpuStream() : worker_([this] { run(); }) {}
+namespace {
+
+/** Every live CPU stream, for after_queued_work(). Never destroyed: streams outlive statics. */
+std::mutex& registry_mutex() {
+  static std::mutex* const mutex = new std::mutex();
+  return *mutex;
+}
+std::vector<CpuStream*>& registry() {
+  static std::vector<CpuStream*>* const streams = new std::vector<CpuStream*>();
+  return *streams;
+}
+
+}  // namespace
+
+CpuStream::CpuStream() : worker_([this] { run(); }) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(this);
+}
 
 CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase(std::find(registry().begin(), registry().end(), this));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -46,6 +71,33 @@ void CpuStream::push(std::function<void()> fn, bool control) {
     ++pending_;
   }
   work_cv_.notify_one();
+}
+
+bool CpuStream::busy() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pending_ > 0;
+}
+
+void after_queued_work(std::function<void()> fn) {
+  {
+    // Under the registry's lock no stream is destroyed before its task is queued.
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    std::vector<CpuStream*> busy;
+    for (CpuStream* stream : registry())
+      if (stream->busy()) busy.push_back(stream);
+    if (!busy.empty()) {
+      auto left = std::make_shared<std::atomic<size_t>>(busy.size());
+      auto shared = std::make_shared<std::function<void()>>(std::move(fn));
+      for (CpuStream* stream : busy)
+        stream->push(
+            [left, shared] {
+              if (left->fetch_sub(1) == 1) (*shared)();
+            },
+            true);
+      return;
+    }
+  }
+  fn();
 }
 
 void CpuStream::run() {

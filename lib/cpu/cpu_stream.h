@@ -43,6 +43,8 @@ class CpuStream final : public StreamImpl {
   /** Control tasks (event signals and waits) run even after an earlier task failed, so no waiter
    *  is left blocked; ordinary tasks after a failure are skipped until synchronize() reports it. */
   void push(std::function<void()> fn, bool control);
+  /** True while a task is queued or running. */
+  bool busy();
 
  private:
   struct Task {
@@ -60,6 +62,11 @@ class CpuStream final : public StreamImpl {
   std::exception_ptr error_;
   std::thread worker_;  // last: starts after the members above exist
 };
+
+/** Runs `fn` once every CPU stream has run the work queued on it so far: now when all are idle,
+ *  else as a control task on each busy one, the last of them running it. Never waits, so a
+ *  stream's own task may call it. */
+void after_queued_work(std::function<void()> fn);
 
 class CpuEvent final : public EventImpl {
  public:

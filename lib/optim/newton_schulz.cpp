@@ -52,6 +52,9 @@ float ns_norm_scale(const std::string& variant) { return variant == "polar_expre
 
 void newton_schulz(Stream& stream, const Tensor& x, const std::vector<NsCoefficients>& schedule, float eps, float norm_scale) {
   SWAPOPT_CHECK(x.dim() == 3 && x.is_contiguous(), "[newton_schulz] expects a contiguous [B, m, n] tensor, got " << x.str());
+  // Checked here, before the normalisation changes x: the products run in f32 or bf16 only.
+  SWAPOPT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16,
+                "[newton_schulz] works in f32 or bf16, got " << x.str());
   if (x.numel() == 0) return;  // matrices without elements: nothing to orthogonalise
   const int64_t batch = x.size(0), m = x.size(1), n = x.size(2);
   const bool tall = m > n;

@@ -64,9 +64,10 @@ PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
 }
 
 PipelineSwapRuntime::~PipelineSwapRuntime() {
+  // The copies use the mirrors and arenas; the compute stream's reads of the arenas precede the
+  // offloads' events, so it is not waited for (it is the caller's stream, with the caller's work).
   try {
     synchronize_copies();
-    compute_.synchronize();
   } catch (...) {  // destructors never throw; a stream error was already reported by step()
   }
 }
@@ -846,15 +847,21 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
 
 void PipelineSwapRuntime::return_state() {
   discard_early_prefetch();
+  // The last step's offloads wait for its math: once they are done the mirrors hold the final
+  // state. What the caller queued on the compute stream since is not waited for.
   synchronize_copies();
-  compute_.synchronize();
   for (const auto& slot : slots_) {
     if (!slot->created) continue;
-    slot->device.storage()->restore(&compute_);
-    ops::copy(compute_, slot->host, slot->device);
+    slot->device.storage()->restore(&h2d_);
+    ops::copy(h2d_, slot->host, slot->device);
     slot->state = SlotState::device;
   }
-  compute_.synchronize();  // the mirrors are freed with the runtime
+  // The compute stream uses the state after these copies; the host waits for the copies alone
+  // (the mirrors are freed with the runtime).
+  Event restored(h2d_.device());
+  restored.record(h2d_);
+  compute_.wait(restored);
+  h2d_.synchronize();
 }
 
 const SwapStepReport& PipelineSwapRuntime::last_report() {

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <future>
 
 #include "test_util.h"
 
@@ -61,4 +62,37 @@ TEST_CASE("retain_freed: a freed block of 1 MiB or more is handed out again, unc
   CHECK(std::all_of(again, again + 64, [](unsigned char b) { return b == 0xab; }));
   CHECK(alloc.stats().current_bytes == s0.current_bytes + bytes);
   alloc.deallocate(again, bytes, nullptr);
+}
+
+TEST_CASE("a CPU release without a stream gives the bytes back only after the work queued on every CPU stream") {
+  device_allocator(Device::cpu()).retain_freed(size_t(8) << 20);  // a freed block would be handed out again
+  const int64_t n = int64_t(1) << 20;                             // 4 MiB of f32
+  const Tensor source = Tensor::from_floats(std::vector<float>(size_t(n), 1.f), {n});
+  Stream stream(Device::cpu()), other(Device::cpu());
+  for (bool made_on_stream : {false, true}) {
+    CAPTURE(made_on_stream);
+    const Tensor target = Tensor::empty({n}, DType::f32, Device::cpu(), made_on_stream ? &stream : nullptr);
+    const MemoryStats before = memory_stats(Device::cpu());
+    std::promise<void> open;
+    std::shared_future<void> opened = open.get_future().share();
+    stream.enqueue([opened] { opened.wait(); });
+    ops::copy(stream, source, target);  // queued: it writes target's bytes once the stream runs
+    other.enqueue([opened] { opened.wait(); });
+    target.storage()->release();
+    // Not given back while the copy is queued: a new tensor gets other bytes, the copy cannot
+    // write into it.
+    CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes);
+    const Tensor fresh = Tensor::zeros({n}, DType::f32, Device::cpu());
+    open.set_value();
+    stream.synchronize();
+    other.synchronize();
+    const std::vector<float> values = fresh.to_float_vector();
+    CHECK(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.f; }));
+    CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes);  // target's bytes back, fresh's taken
+  }
+  // With every stream idle the bytes go back at once.
+  const Tensor idle = Tensor::empty({n}, DType::f32, Device::cpu());
+  const MemoryStats before = memory_stats(Device::cpu());
+  idle.storage()->release();
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes - size_t(n) * 4);
 }

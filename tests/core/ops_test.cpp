@@ -210,6 +210,25 @@ TEST_CASE("ops reject bad arguments with the operation and the values") {
   CHECK_THROWS_WITH_AS(ops::axpby(s, 1.f, a, 1.f, c), "[axpby] shape mismatch [3, 4] vs [3, 6]", Error);
   CHECK_THROWS_WITH_AS(ops::gemm(s, Tensor::zeros({4}, DType::f32, Device::cpu()), false, b, false, c),
                        "[gemm] expected a 2-D or 3-D tensor, got Tensor(f32, [4], cpu)", Error);
+  // An output over an input's memory: refused, nothing written; disjoint parts of one buffer are fine.
+  Tensor square = test::random_tensor({4, 4}, DType::f32, 7);
+  const std::vector<float> square_before = square.to_float_vector();
+  CHECK_THROWS_WITH_AS(ops::gemm(s, square, false, Tensor::zeros({4, 4}, DType::f32, Device::cpu()), false, square),
+                       "[gemm] out_c shares memory with a (a product writes its output while it reads its inputs)",
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      ops::gemm(s, Tensor::zeros({2, 4}, DType::f32, Device::cpu()), false, square, false, square.narrow(0, 2, 2)),
+      "[gemm] out_c shares memory with b (a product writes its output while it reads its inputs)", Error);
+  CHECK_THROWS_WITH_AS(ops::syrk(s, square, false, square),
+                       "[syrk] out_c shares memory with a (a product writes its output while it reads its inputs)",
+                       Error);
+  s.synchronize();
+  CHECK(square.to_float_vector() == square_before);
+  Tensor halves = test::random_tensor({2, 2, 2}, DType::f32, 8);  // disjoint matrices of one buffer
+  CHECK_NOTHROW(ops::gemm(s, halves.narrow(0, 0, 1), false, halves.narrow(0, 0, 1), false,
+                          Tensor::zeros({1, 2, 2}, DType::f32, Device::cpu())));
+  CHECK_NOTHROW(ops::syrk(s, halves.narrow(0, 0, 1), false, halves.narrow(0, 1, 1)));
+  s.synchronize();
   Tensor shell = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
   shell.storage()->release();
   CHECK_THROWS_WITH_AS(ops::scale(s, shell, 2.f), "[axpby] x Tensor(f32, [3, 4], cpu) has released storage", Error);

@@ -1,3 +1,5 @@
+#include <limits>
+
 #include "test_util.h"
 
 using namespace swapopt;
@@ -34,6 +36,28 @@ TEST_CASE("transpose, narrow, block and select make strided views") {
   CHECK(corner.offset() == 4);
   CHECK(corner.to_float_vector() == std::vector<float>{4, 5});
   CHECK_THROWS_WITH_AS(t.block({0}, {1}), "[Tensor::block] offset [0] and shape [1] for Tensor(f32, [2, 3], cpu)", Error);
+}
+
+TEST_CASE("sizes that overflow an int64 are named errors, never a view outside its storage") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const MemoryStats before = memory_stats(Device::cpu());
+  CHECK_THROWS_WITH_AS(Tensor::empty({kMax / 2, 4}, DType::f32, Device::cpu()),
+                       "[Tensor::empty] shape [4611686018427387903, 4] of f32 is too large", Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({kMax / 2 + 1}, DType::bf16, Device::cpu()),
+                       "[Tensor::empty] shape [4611686018427387904] of bf16 is too large", Error);
+  CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes);
+  const Tensor t = Tensor::zeros({2, 4}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(
+      t.narrow(0, kMax, 1),
+      "[Tensor::narrow] range [9223372036854775807, beyond int64) out of dim 0 of Tensor(f32, [2, 4], cpu)", Error);
+  CHECK_THROWS_WITH_AS(t.narrow(1, 1, kMax),
+                       "[Tensor::narrow] range [1, beyond int64) out of dim 1 of Tensor(f32, [2, 4], cpu)", Error);
+  CHECK(t.narrow(1, 4, 0).numel() == 0);  // an empty range at the end is fine
+  CHECK_THROWS_WITH_AS(t.view({kMax, 2, 0}),
+                       "[Tensor::view] cannot view Tensor(f32, [2, 4], cpu) as [9223372036854775807, 2, 0]", Error);
+  float one = 0.f;
+  CHECK_THROWS_WITH_AS(Tensor::from_blob(&one, {2, 2}, {kMax / 2, 1}, DType::f32, Device::cpu()),
+                       "[Tensor::from_blob] strides [4611686018427387903, 1] for shape [2, 2] are too large", Error);
 }
 
 TEST_CASE("release and restore are seen by every view of a storage") {

@@ -1,6 +1,7 @@
 // Bad input gets its named error and changes nothing: bare, swapped and 2-rank HSDP optimizers,
 // every kind of bad grad, bad options, and checkpoints that must not load. Each case compares a
 // snapshot of every byte a step or a load may change, taken before and after.
+#include <future>
 #include <thread>
 
 #include "optim/thread_communicator.h"
@@ -458,6 +459,28 @@ TEST_SUITE("bad input") {
       wrapped.swapped.reset();
       CHECK_FALSE(wrapped.optimizer->wrapped());
       CHECK(snapshot(*plain.optimizer, plain.params, nullptr) == snapshot(*wrapped.optimizer, wrapped.params, nullptr));
+      set_grads(plain.params, 3);
+      set_grads(wrapped.params, 3);
+      plain.step();
+      wrapped.step();
+      CHECK(snapshot(*plain.optimizer, plain.params, nullptr) == snapshot(*wrapped.optimizer, wrapped.params, nullptr));
+    }
+  }
+
+  TEST_CASE("dropping the wrapper does not wait for the caller's work on the optimizer's stream") {
+    for (bool adamw : {false, true}) {
+      CAPTURE(adamw);
+      Subject plain(adamw, false), wrapped(adamw, true);  // both stepped twice, the wrapped one not waited for
+      // The trainer's own work, queued after the step, holds the stream until released.
+      std::promise<void> release;
+      std::shared_future<void> released = release.get_future().share();
+      wrapped.optimizer->stream().enqueue([released] { released.wait(); });
+      auto dropped = std::async(std::launch::async, [&] { wrapped.swapped.reset(); });
+      const bool returned = dropped.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+      release.set_value();
+      dropped.wait();
+      CHECK(returned);
+      // The state came back in stream order: the next bare step sees it, bitwise the never-wrapped run.
       set_grads(plain.params, 3);
       set_grads(wrapped.params, 3);
       plain.step();

@@ -162,6 +162,16 @@ TEST_CASE("Muon on bf16: NS in bf16 stays close to the f32 result") {
   CHECK(compare("NS bf16 vs f32", x16.to_float_vector(), x.to_float_vector()).max_abs < 0.05);
 }
 
+TEST_CASE("newton_schulz refuses a dtype it cannot work in before it changes x") {
+  Stream s(Device::cpu());
+  const Tensor x = test::random_tensor({1, 4, 6}, DType::f16, 5);
+  const std::vector<float> before = x.to_float_vector();
+  CHECK_THROWS_WITH_AS(newton_schulz(s, x, ns_schedule("asym5", 5, {}), 1e-7f),
+                       "[newton_schulz] works in f32 or bf16, got Tensor(f16, [1, 4, 6], cpu)", Error);
+  s.synchronize();
+  CHECK(x.to_float_vector() == before);
+}
+
 TEST_CASE("params without a grad are skipped and get no state; hooks see their context") {
   Muon muon(Stream(Device::cpu()), MuonHooks{nullptr, nullptr, [&](Stream&, Param& p, const Tensor& local, const PostUpdateContext& c) {
                                                CHECK(local.data_ptr() == p.data.data_ptr());

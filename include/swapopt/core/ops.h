@@ -6,6 +6,8 @@
  * other streams with events. Arguments named out_* are written; all others are only read.
  * Math runs in f32 whatever the storage dtype; results are rounded to nearest even on store.
  * Errors in arguments (shapes, dtypes, devices, layouts) throw swapopt::Error at the call.
+ * Results are the same every run on one machine; on the CPU a GEMM's bits may depend on the
+ * OpenMP thread count (Eigen's blocking), so compare runs across processes at one thread count.
  */
 
 #include "swapopt/core/stream.h"
@@ -15,7 +17,8 @@ namespace swapopt::ops {
 
 /** out_c = alpha * op(a) @ op(b) + beta * out_c, op(x) = x^T when trans_x.
  *  2-D, or 3-D with an equal leading batch dim (strided batched). a and b: f32 or bf16, the same;
- *  out_c: f32 or bf16, contiguous. Each matrix of a and b has unit stride in its last dim. */
+ *  out_c: f32 (any inputs) or bf16 (bf16 inputs), contiguous, sharing no memory with a or b. Each
+ *  matrix of a and b has unit stride in its last dim. */
 void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out_c,
           float alpha = 1.f, float beta = 0.f);
 
@@ -44,7 +47,7 @@ int64_t frobenius_norm_scratch_bytes(Device device, int64_t count, int64_t per);
  *  first; several tensors can then share one flag). */
 void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& out_flag);
 
-/** x[i] *= 1 / (norms[i] + eps) for each matrix i (the Newton-Schulz normalisation). */
+/** x[i] = x[i] / (norms[i] + eps) for each matrix i (the Newton-Schulz normalisation). */
 void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms, float eps);
 
 /** out_dst = src converted to out_dst's dtype; same shape, same device. */

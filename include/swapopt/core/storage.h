@@ -39,8 +39,10 @@ class Storage {
   /** The allocator that allocates and frees the bytes; null for borrowed memory. */
   Allocator* allocator() const { return allocator_; }
 
-  /** Frees the bytes and keeps the size (a "shell"); on CUDA the free is ordered on `stream`
-   *  (default: the stream the storage was allocated on). */
+  /** Frees the bytes and keeps the size (a "shell"). With a `stream` (or on CUDA the stream the
+   *  storage was allocated on) the free is ordered on it; without one it comes after all work
+   *  queued so far (CUDA: a synchronous free; CPU: once every CPU stream has run its queue up to
+   *  now, without waiting). */
   void release(Stream* stream = nullptr);
   /** Allocates the bytes again at the same size; contents are undefined. */
   void restore(Stream* stream = nullptr);

@@ -149,7 +149,8 @@ class PipelineSwapRuntime {
   void discard_early_prefetch();
   /** Hands the state back to the optimizer: every existing slot's mirror is copied into device
    *  memory of its own, and the optimizer holds ordinary device state again (the wrapper is going
-   *  away; nothing is lost). Synchronises. */
+   *  away; nothing is lost). Waits for the runtime's own copies, not for the compute stream: its
+   *  later work is ordered after the state's copies by an event. */
   void return_state();
   /** A step that was skipped whole: drops a pending prefetch_early() (waiting for its copies),
    *  and the report says skipped_nonfinite. */
