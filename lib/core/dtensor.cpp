@@ -45,6 +45,14 @@ Shape DTensor::local_shape_at(const Shape& logical_shape, const DeviceMesh& mesh
                               const std::vector<int64_t>& coordinate, Shape* offset) {
   SWAPOPT_CHECK(int64_t(placements.size()) == mesh.ndim(),
                 "[DTensor] " << placements.size() << " placements for a " << mesh.ndim() << "-D mesh");
+  SWAPOPT_CHECK(int64_t(coordinate.size()) == mesh.ndim(),
+                "[DTensor] coordinate " << shape_str(coordinate) << " for a " << mesh.ndim() << "-D mesh");
+  for (size_t m = 0; m < coordinate.size(); ++m)
+    SWAPOPT_CHECK(
+        coordinate[m] >= 0 && coordinate[m] < mesh.size(int64_t(m)),
+        "[DTensor] coordinate " << shape_str(coordinate) << " is outside the mesh " << shape_str(mesh.shape()));
+  for (int64_t d : logical_shape)
+    SWAPOPT_CHECK(d >= 0, "[DTensor] negative dim in logical shape " << shape_str(logical_shape));
   Shape shape = logical_shape;
   Shape start(logical_shape.size(), 0);
   for (size_t m = 0; m < placements.size(); ++m) {
@@ -66,6 +74,7 @@ Shape DTensor::local_shape_at(const Shape& logical_shape, const DeviceMesh& mesh
 DTensor::DTensor(Tensor local, Shape logical_shape, std::shared_ptr<const DeviceMesh> mesh, std::vector<Placement> placements)
     : local_(std::move(local)), logical_shape_(std::move(logical_shape)), mesh_(std::move(mesh)), placements_(std::move(placements)) {
   SWAPOPT_CHECK(mesh_ != nullptr, "[DTensor] null mesh");
+  SWAPOPT_CHECK(local_.defined(), "[DTensor] undefined local shard");
   const Shape expected = local_shape_at(logical_shape_, *mesh_, placements_, mesh_->coordinate());
   SWAPOPT_CHECK(local_.shape() == expected, "[DTensor] local shard " << shape_str(local_.shape()) << " does not match "
                                                                      << shape_str(expected) << " expected for logical "

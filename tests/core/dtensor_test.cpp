@@ -31,4 +31,14 @@ TEST_CASE("DTensor shards follow the chunk rule and to_local returns the shard")
   CHECK_THROWS_WITH_AS(DTensor(Tensor::zeros({8, 4}, DType::f32, Device::cpu()), {8, 6}, mesh,
                                {Placement::Replicate(), Placement::Shard(1)}),
                        "[DTensor] local shard [8, 4] does not match [8, 3] expected for logical [8, 6] at rank 3", Error);
+  CHECK_THROWS_WITH_AS(DTensor(Tensor(), {}, mesh, {Placement::Replicate(), Placement::Replicate()}),
+                       "[DTensor] undefined local shard", Error);
+  const std::vector<Placement> placements = {Placement::Replicate(), Placement::Shard(0)};
+  CHECK_THROWS_WITH_AS(DTensor::local_shape_at({8, 6}, *mesh, placements, {1}),
+                       "[DTensor] coordinate [1] for a 2-D mesh", Error);
+  CHECK_THROWS_WITH_AS(DTensor::local_shape_at({8, 6}, *mesh, placements, {0, 2}),
+                       "[DTensor] coordinate [0, 2] is outside the mesh [2, 2]", Error);
+  CHECK_THROWS_WITH_AS(DTensor::local_shape_at({-8, 6}, *mesh, placements, {0, 1}),
+                       "[DTensor] negative dim in logical shape [-8, 6]", Error);
+  CHECK(DTensor::local_shape_at({8, 6}, *mesh, placements, {0, 1}) == Shape{4, 6});
 }

@@ -109,7 +109,9 @@ SWAPOPT_HOST_DEVICE float axpby(float alpha, float x, float beta, float y) {
   return beta == 0.f ? alpha * x : alpha * x + beta * y;
 }
 
-/** torch.lerp's formula, exact at both ends. */
+/** torch.lerp's formula, exact at both ends, each operation rounded (no multiply-add: the CUDA
+ *  kernels give the same bits). torch's CPU kernel fuses the multiply-add, so its results (and
+ *  its AdamW's exp_avg) can differ from these by an ulp. */
 SWAPOPT_HOST_DEVICE float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.f - w); }
 
 /** Newton-Schulz normalisation of one element. */

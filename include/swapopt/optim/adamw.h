@@ -1,5 +1,8 @@
 #pragma once
-/** AdamW as torch.optim.AdamW computes it (single-tensor order), f32 state for any param dtype. */
+/** AdamW as torch.optim.AdamW computes it (single-tensor order), f32 state for any param dtype.
+ *  The same operations in the same order, each rounded once: torch's own kernels fuse some of
+ *  them (its CPU lerp is a multiply-add), so results agree with torch's to about an ulp, not
+ *  bitwise. */
 
 #include <map>
 #include <span>
