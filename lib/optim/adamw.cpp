@@ -1,7 +1,8 @@
 #include "swapopt/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
-#include <unordered_set>
+#include <functional>
 #include <vector>
 
 #include "group_options.h"
@@ -72,12 +73,12 @@ void AdamW::update_param(size_t group, Param& param) {
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
   const AdamWOptions& o = options_.at(group);
-  std::unordered_set<const Param*> listed;
-  for (const Param* param : params) {
-    require_grad(*param);
-    // Updates in one op run concurrently: a param listed twice would race with itself.
-    SWAPOPT_CHECK(listed.insert(param).second, "[AdamW] param '" << param->name << "' is listed twice in one update");
-  }
+  for (const Param* param : params) require_grad(*param);
+  // Updates in one op run concurrently: a param listed twice would race with itself.
+  std::vector<const Param*> listed(params.begin(), params.end());
+  std::sort(listed.begin(), listed.end(), std::less<>());
+  const auto twice = std::adjacent_find(listed.begin(), listed.end());
+  SWAPOPT_CHECK(twice == listed.end(), "[AdamW] param '" << (*twice)->name << "' is listed twice in one update");
   std::vector<ops::AdamWUpdate> updates;
   std::vector<ParamState*> states;  // map entries stay where they are as others are added
   updates.reserve(params.size());

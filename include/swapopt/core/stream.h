@@ -38,11 +38,13 @@ class Stream {
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished. */
   void wait(const Event& event);
-  /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work. */
+  /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work
+   *  (once). On a CPU stream the work queued after a failed task is skipped until then. */
   void synchronize();
   /** cudaStream_t for CUDA streams; for CPU streams the queue (what borrow() takes). */
   void* native_handle() const;
-  /** CPU only: runs `fn` on the worker thread after everything enqueued before it. */
+  /** CPU only: runs `fn` on the worker thread after everything enqueued before it (skipped if an
+   *  earlier task failed and synchronize() has not reported it yet). */
   void enqueue(std::function<void()> fn);
   /** The backend object behind the handle, for swapopt's backends (StreamImpl is only declared
    *  in the public headers). */
