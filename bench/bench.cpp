@@ -707,6 +707,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    // clang-format off
     if (command == "ns") run_ns(o);
     else if (command == "momentum") run_momentum(o);
     else if (command == "swap") run_swap(o);
@@ -715,13 +716,13 @@ int main(int argc, char** argv) {
     else if (command == "scale") run_scale(o);
     else if (command == "pipeline") run_pipeline(o);
     else if (command == "checkpoint") run_checkpoint(o, self_path());
-    else if (command == "ops")
-      run_ops(o);
+    else if (command == "ops") run_ops(o);
     else if (command == "checkpoint-run") run_checkpoint_child(o, child_mode, o.dim, child_path);
     else {
       std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());
       return 2;
     }
+    // clang-format on
   } catch (const Error& e) {
     std::fprintf(stderr, "swapopt-bench: %s\n", e.what());
     return 1;

@@ -9,6 +9,7 @@
 #include "../cuda/cuda_backend.h"
 #include "matrix_layout.h"
 #include "swapopt/core/error.h"
+#include "view_span.h"
 
 namespace swapopt {
 
@@ -58,11 +59,11 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, cons
 
 /** The bytes from x's first to one past its last addressed element; empty for no elements. */
 std::pair<const char*, const char*> byte_span(const Tensor& x) {
-  if (x.numel() == 0) return {nullptr, nullptr};
-  int64_t last = 0;  // elements from element 0 to the last addressed one
-  for (size_t i = 0; i < x.shape().size(); ++i) last += (x.shape()[i] - 1) * x.strides()[i];
+  // A tensor's view was checked when it was made, so its span fits.
+  const int64_t bytes = *view_span(x.shape(), x.strides(), x.element_size()) * int64_t(x.element_size());
+  if (bytes == 0) return {nullptr, nullptr};
   const char* begin = static_cast<const char*>(x.data_ptr());
-  return {begin, begin + (last + 1) * int64_t(x.element_size())};
+  return {begin, begin + bytes};
 }
 
 /** A product writes its output while it reads its inputs: they must not share memory. */

@@ -8,6 +8,7 @@
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/core/stream.h"
+#include "view_span.h"
 
 namespace swapopt {
 
@@ -53,6 +54,19 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
 }
 }  // namespace
 
+std::optional<int64_t> view_span(const Shape& shape, const Shape& strides, size_t element_size) {
+  if (shape_numel(shape) == 0) return 0;
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) || __builtin_add_overflow(span, reach, &span))
+      return std::nullopt;
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(span, int64_t(element_size), &bytes)) return std::nullopt;
+  return span;
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* stream) {
   check_shape(shape, "Tensor::empty", dtype);
   const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
@@ -83,18 +97,12 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DT
   SWAPOPT_CHECK(strides.size() == shape.size(), "[Tensor::from_blob] " << strides.size() << " strides for shape "
                                                                           << shape_str(shape));
   SWAPOPT_CHECK(ptr != nullptr || shape_numel(shape) == 0, "[Tensor::from_blob] null pointer for shape " << shape_str(shape));
-  int64_t span = shape_numel(shape) == 0 ? 0 : 1;  // elements from the first to one past the last addressed element
-  for (size_t i = 0; i < shape.size(); ++i) {
-    SWAPOPT_CHECK(strides[i] >= 0, "[Tensor::from_blob] negative stride " << strides[i]);
-    int64_t reach = 0;
-    SWAPOPT_CHECK(
-        span == 0 ||
-            (!__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) && !__builtin_add_overflow(span, reach, &span) &&
-             !__builtin_mul_overflow(span, int64_t(dtype_size(dtype)), &reach)),
-        "[Tensor::from_blob] strides " << shape_str(strides) << " for shape " << shape_str(shape) << " are too large");
-  }
+  for (const int64_t stride : strides) SWAPOPT_CHECK(stride >= 0, "[Tensor::from_blob] negative stride " << stride);
+  const std::optional<int64_t> span = view_span(shape, strides, dtype_size(dtype));
+  SWAPOPT_CHECK(span.has_value(), "[Tensor::from_blob] strides " << shape_str(strides) << " for shape "
+                                                                 << shape_str(shape) << " are too large");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(ptr, size_t(span) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(ptr, size_t(*span) * dtype_size(dtype), device);
   t.set_layout(shape, strides);
   t.dtype_ = dtype;
   return t;

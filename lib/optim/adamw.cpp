@@ -132,9 +132,8 @@ void AdamW::check_amsgrad_fits_state(size_t group, const AdamWOptions& options) 
 }
 
 void AdamW::set_options(size_t group, const AdamWOptions& options) {
-  options.validate();
-  if (group < options_.size()) check_amsgrad_fits_state(group, options);
-  set_group_options(options_, group, options, name_);
+  set_group_options(options_, group, options, name_,
+                    [&](const AdamWOptions& o) { check_amsgrad_fits_state(group, o); });
 }
 
 void AdamW::set_lr(double lr) { set_every_lr(options_, lr); }

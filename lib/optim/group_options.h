@@ -8,12 +8,21 @@
 
 namespace swapopt {
 
+/** Replaces group `group`'s options after validating them and calling `fits_state(options)`, a
+ *  check the optimizer's state puts on them; nothing changes on a bad value. */
+template <typename Options, typename FitsState>
+void set_group_options(std::vector<Options>& all, size_t group, const Options& options, const std::string& optimizer,
+                       const FitsState& fits_state) {
+  SWAPOPT_CHECK(group < all.size(), "[" << optimizer << "] no param group " << group << " (" << all.size() << " groups)");
+  options.validate();
+  fits_state(options);
+  all[group] = options;
+}
+
 /** Replaces group `group`'s options after validating them; nothing changes on a bad value. */
 template <typename Options>
 void set_group_options(std::vector<Options>& all, size_t group, const Options& options, const std::string& optimizer) {
-  SWAPOPT_CHECK(group < all.size(), "[" << optimizer << "] no param group " << group << " (" << all.size() << " groups)");
-  options.validate();
-  all[group] = options;
+  set_group_options(all, group, options, optimizer, [](const Options&) {});
 }
 
 /** Sets every group's lr, each validated before any changes. */
