@@ -83,12 +83,18 @@ void AdamW::update_params(size_t group, std::span<Param* const> params) {
   std::vector<ParamState*> states;  // map entries stay where they are as others are added
   updates.reserve(params.size());
   states.reserve(params.size());
+  int64_t scalars_step = -1;  // the params of a group are mostly at one step: compute its scalars once
+  ops::AdamWScalars scalars;
   for (Param* param : params) {
     const Tensor exp_avg = state_tensor(*param, "exp_avg");
     const Tensor exp_avg_sq = state_tensor(*param, "exp_avg_sq");
     const Tensor max_exp_avg_sq = o.amsgrad ? state_tensor(*param, "max_exp_avg_sq") : Tensor();
     states.push_back(&state_[param]);
-    updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars_for(o, states.back()->step + 1)});
+    if (states.back()->step + 1 != scalars_step) {
+      scalars_step = states.back()->step + 1;
+      scalars = scalars_for(o, scalars_step);
+    }
+    updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars});
   }
   ops::adamw_update_many(stream_, updates);
   for (ParamState* state : states) state->step += 1;

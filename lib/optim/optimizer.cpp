@@ -131,12 +131,13 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
 
 void Optimizer::check_grad(const Param& p) const {
   const Tensor& g = p.grad;
-  const std::string what = "[" + name_ + "] grad of '" + p.name + "'";
-  SWAPOPT_CHECK(!g.is_released(), what << " is released");
-  SWAPOPT_CHECK(g.device() == device(), what << " is on " << g.device().str() << ", the optimizer on " << device().str());
-  SWAPOPT_CHECK(g.shape() == p.data.shape(),
-                what << " is " << g.str() << ", the param " << p.data.str());
-  SWAPOPT_CHECK(g.is_contiguous(), what << " must be contiguous, got strides " << shape_str(g.strides()));
+  // Built only for a message: a step checks every param's grad.
+  const auto what = [&] { return "[" + name_ + "] grad of '" + p.name + "'"; };
+  SWAPOPT_CHECK(!g.is_released(), what() << " is released");
+  SWAPOPT_CHECK(g.device() == device(),
+                what() << " is on " << g.device().str() << ", the optimizer on " << device().str());
+  SWAPOPT_CHECK(g.shape() == p.data.shape(), what() << " is " << g.str() << ", the param " << p.data.str());
+  SWAPOPT_CHECK(g.is_contiguous(), what() << " must be contiguous, got strides " << shape_str(g.strides()));
 }
 
 void Optimizer::zero_grad() {

@@ -204,17 +204,22 @@ std::vector<size_t> PipelineSwapRuntime::partition(const std::vector<int64_t>& c
 std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::span<UpdateUnit> units,
                                                                           const std::vector<size_t>& batch_sizes) const {
   std::vector<Batch> batches;
-  std::unordered_set<const SwapSlot*> seen;
+  std::vector<SwapSlot*> sorted;
   size_t start = 0;
   size_t in_segment = 0;  // position among the whole-unit batches since the last chunked one
   for (size_t size : batch_sizes) {
     Batch b;
     b.units = units.subspan(start, size);
     start += size;
-    seen.clear();
-    for (UpdateUnit& u : b.units)
-      for (SwapSlot* s : u.slots)
-        if (seen.insert(s).second) b.slots.push_back(s);
+    for (UpdateUnit& u : b.units) b.slots.insert(b.slots.end(), u.slots.begin(), u.slots.end());
+    // A slot listed twice is staged once. Sorting finds one (units seldom share a slot) without
+    // the hashing a set would cost for every slot of every step.
+    sorted = b.slots;
+    std::sort(sorted.begin(), sorted.end(), std::less<>());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      std::unordered_set<const SwapSlot*> seen;
+      std::erase_if(b.slots, [&](const SwapSlot* s) { return !seen.insert(s).second; });
+    }
     if (size == 1 && b.units.front().chunk_elements > 0) {  // run_chunked stages it chunk by chunk
       b.chunked = true;
       in_segment = 0;
