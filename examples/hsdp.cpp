@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -69,6 +70,9 @@ Config parse(int argc, char** argv) {
       c.fingerprint = true;
       continue;
     }
+    static const char* const kValued[] = {"--checkpoint-dir", "--mesh",  "--hidden",     "--layers",
+                                          "--steps",          "--batch", "--swap-times", "--checkpoint-every"};
+    if (std::find(std::begin(kValued), std::end(kValued), flag) == std::end(kValued)) usage("unknown flag " + flag);
     if (i + 1 >= argc) usage("missing value for " + flag);
     const std::string value = argv[++i];
     if (flag == "--checkpoint-dir") {
@@ -79,14 +83,16 @@ Config parse(int argc, char** argv) {
       if (std::sscanf(value.c_str(), "%ldx%ld", &c.replicas, &c.shards) != 2) usage("--mesh takes RxS, e.g. 2x2");
       continue;
     }
-    const long long v = std::atoll(value.c_str());
+    char* end = nullptr;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || v > INT32_MAX) usage("bad value '" + value + "' for " + flag);
     if (flag == "--hidden") c.hidden = v;
     else if (flag == "--layers") c.layers = v;
     else if (flag == "--steps") c.steps = int(v);
     else if (flag == "--batch") c.batch = v;
     else if (flag == "--swap-times") c.swap_times = int(v);
-    else if (flag == "--checkpoint-every") c.checkpoint_every = int(v);
-    else usage("unknown flag " + flag);
+    else
+      c.checkpoint_every = int(v);  // --checkpoint-every, the last flag kValued names
   }
   if (c.replicas < 1 || c.shards < 1 || c.hidden < 1 || c.layers < 1 || c.steps < 1 || c.batch < 1 || c.swap_times < 1 || c.checkpoint_every < 1)
     usage("sizes must be positive");

@@ -4,11 +4,15 @@
 //
 //   swapopt-train [--hidden 384] [--layers 4] [--steps 150] [--batch 256] [--swap-times 4]
 //                 [--packed 1] [--no-swap] [--budget BYTES] [--seed 1] [--log-every 10]
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 
@@ -55,19 +59,28 @@ Config parse(int argc, char** argv) {
       c.swap = false;
       continue;
     }
+    const std::map<std::string, std::function<void(long long)>> valued = {
+        {"--hidden", [&](long long v) { c.hidden = v; }},
+        {"--layers", [&](long long v) { c.layers = v; }},
+        {"--steps", [&](long long v) { c.steps = int(v); }},
+        {"--batch", [&](long long v) { c.batch = v; }},
+        {"--swap-times", [&](long long v) { c.swap_times = int(v); }},
+        {"--packed", [&](long long v) { c.packed = v != 0; }},
+        {"--budget", [&](long long v) { c.budget = size_t(v); }},
+        {"--seed", [&](long long v) { c.seed = uint32_t(v); }},
+        {"--log-every", [&](long long v) { c.log_every = std::max(1, int(v)); }},
+    };
+    const auto set = valued.find(flag);
+    if (set == valued.end()) usage(("unknown flag " + flag).c_str());
     if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
-    const long long v = std::atoll(argv[++i]);
-    if (v < 0) usage(("negative value for " + flag).c_str());
-    if (flag == "--hidden") c.hidden = v;
-    else if (flag == "--layers") c.layers = v;
-    else if (flag == "--steps") c.steps = int(v);
-    else if (flag == "--batch") c.batch = v;
-    else if (flag == "--swap-times") c.swap_times = int(v);
-    else if (flag == "--packed") c.packed = v != 0;
-    else if (flag == "--budget") c.budget = size_t(v);
-    else if (flag == "--seed") c.seed = uint32_t(v);
-    else if (flag == "--log-every") c.log_every = std::max(1, int(v));
-    else usage(("unknown flag " + flag).c_str());
+    const std::string text = argv[++i];
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno == ERANGE) usage(("bad value '" + text + "' for " + flag).c_str());
+    if (v < 0 || (flag != "--budget" && v > INT32_MAX))
+      usage(("value " + text + " for " + flag + " is out of range").c_str());
+    set->second(v);
   }
   if (c.hidden < 1 || c.layers < 1 || c.batch < 1 || c.steps < 1) usage("sizes must be positive");
   return c;
@@ -195,6 +208,7 @@ int main(int argc, char** argv) {
   try {
     return run(c);
   } catch (const Error& e) {  // e.g. a --budget below a unit's workspace: the message says both sizes
+    std::fflush(stdout);      // the banner printed so far comes before the error, also in one log
     std::fprintf(stderr, "swapopt-train: %s\n", e.what());
     return 1;
   }

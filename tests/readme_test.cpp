@@ -118,3 +118,20 @@ TEST_CASE("README: its trainer-loop block is the code this file runs, verbatim")
   REQUIRE(code.size() > 10);
   CHECK(shown == code);
 }
+
+// The README writes options as designated initializers, e.g. SwapConfig{.swap_times = 16}. GCC's
+// -Wextra warns for every member without a default initializer that such a list leaves out (an
+// error under a trainer's -Werror, as in this suite's werror build): every member of the option
+// structs has one.
+TEST_CASE("README: option structs take designated initializers without a -Wextra warning") {
+  CHECK(SwapConfig{.swap_times = 4}.swap_times == 4);
+  CHECK(SwapConfig{.device_budget_bytes = 1 << 20}.device_budget_bytes == size_t(1) << 20);
+  CHECK(CheckpointReadOptions{.allow_missing_checksums = true}.allow_missing_checksums);
+  CHECK(MuonOptions{.lr = 0.5}.lr == 0.5);
+  CHECK(AdamWOptions{.lr = 0.5}.lr == 0.5);
+  CHECK(HsdpOptions{.replica_count = 2}.replica_count == 2);
+  CHECK(RoutingRule{.why = "an embedding"}.route == Route::adamw_decay);
+  CHECK(RoutingRules{.rules = {}}.rules.empty());
+  CHECK_FALSE(MuonHooks{.zeropower_fn = nullptr}.post_update_fn);
+  CHECK(LaunchEnv{.rank = 1}.world_size == 1);
+}

@@ -103,6 +103,11 @@ void Optimizer::check_disjoint(const std::vector<ParamPtr>& added) const {
 }
 
 void Optimizer::add_group(std::vector<ParamPtr> params) {
+  SWAPOPT_CHECK(!wrapped_,
+                "[" << name_
+                    << "] add_param_group() on an optimizer wrapped by a SwapOptimizer: its host "
+                       "mirrors hold the state of the params it had when wrapped (drop the wrapper, add the group, "
+                       "wrap it again)");
   // Checked against the params of earlier groups and of this one; nothing changes until all pass.
   std::unordered_set<const Param*> seen;
   std::unordered_set<std::string> names;  // checkpoints name each param's state by its name

@@ -26,14 +26,15 @@ sub() {
     "$work/subproject/build/consumer"
 }
 check subproject sub || tail -20 "$work/sub.log"
-# As a subproject of a debug parent: the library compiled optimised, nothing but the library built,
-# and portable code (no AVX-512 without native_arch).
+# As a subproject of a debug parent: the library compiled optimised (its CUDA kernels too: nvcc's
+# -G, which a debug build type adds, turns device optimisation off), nothing but the library
+# built, and portable code (no AVX-512 without native_arch).
 optimised() {
   python3 - "$work/subproject/build/compile_commands.json" <<'PY'
 import json, sys
-lib = [c for c in json.load(open(sys.argv[1])) if "/subprojects/swapopt/lib/" in c["file"]]
-slow = [c["file"] for c in lib if " -O3" not in c["command"]]
-print(f"{len(lib)} library sources, {len(slow)} without -O3")
+lib = [c for c in json.load(open(sys.argv[1])) if any(f"/subprojects/swapopt/{d}/" in c["file"] for d in ("lib", "kernels"))]
+slow = [c["file"] for c in lib if " -O3" not in c["command"] or " -G " in c["command"] + " "]
+print(f"{len(lib)} library sources, {len(slow)} without -O3 or with -G")
 sys.exit(1 if not lib or slow else 0)
 PY
 }
@@ -49,6 +50,19 @@ portable() {
   [ "$zmm" -eq 0 ]
 }
 check "default library without AVX-512" portable
+# The parent's `meson install` takes the shared library its program needs, nothing else of swapopt.
+installs_only_library() {
+  python3 - "$work/subproject/build" <<'PY'
+import json, os, subprocess, sys
+installed = json.loads(subprocess.run(["meson", "introspect", "--installed", sys.argv[1]], check=True,
+                                      capture_output=True, text=True).stdout)
+swapopt = [to for source, to in installed.items() if "/subprojects/swapopt/" in source]
+other = [to for to in swapopt if not os.path.basename(to).startswith("libswapopt.so")]
+print(f"subproject installs {len(swapopt)} files, {len(other)} besides the shared library: {other}")
+sys.exit(1 if not swapopt or other else 0)
+PY
+}
+check "subproject installs only the shared library" installs_only_library
 
 # 2. Installed: meson install into a staging root, found through pkg-config.
 cp -r "$here/pkgconfig" "$work/pkgconfig"
@@ -88,6 +102,26 @@ cflags_only_swapopt() {
   [ "$(echo "$flags" | wc -w)" -eq 1 ]
 }
 check "pkg-config --cflags only swapopt's" cflags_only_swapopt
+# The installed programs start from the staging root with no loader path set (the rpath is
+# relative to them), and the licence and a SONAME with the 0.x minor version are installed.
+installed_programs_start() {
+  local train
+  train=$(find "$work/root" -name swapopt-train -type f | head -1)
+  [ -n "$train" ] || { echo "no swapopt-train installed"; return 1; }
+  env -u LD_LIBRARY_PATH "$train" --help >/dev/null
+}
+check "installed programs find the library" installed_programs_start
+licence_and_soname() {
+  local lib soname version
+  lib=$(find "$work/root" -name 'libswapopt.so' | head -1)
+  soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+  version=$(sed -n "s/^  version: '\([0-9]*\)\.\([0-9]*\)\..*/\1.\2/p" "$root/meson.build")
+  echo "SONAME $soname (project version $version)"
+  [ "$soname" = "libswapopt.so.${version%%.*}" ] && [ "${version%%.*}" != 0 ] ||
+    [ "$soname" = "libswapopt.so.$version" ] || return 1
+  find "$work/root" -path '*/doc/swapopt/LICENSE' | grep -q .
+}
+check "licence and SONAME installed" licence_and_soname
 
 rm -rf "$work"
 echo "tests: $passed passed, $failed failed, 0 skipped"

@@ -415,7 +415,8 @@ TEST_SUITE("bad input") {
       }
   }
 
-  TEST_CASE("a wrapped optimizer refuses its own step, state_dict, load and a second wrap, changing nothing") {
+  TEST_CASE(
+      "a wrapped optimizer refuses its own step, state_dict, load, a new group and a second wrap, changing nothing") {
     for (bool adamw : {false, true}) {
       Subject s(adamw, true);
       CAPTURE(s.name());
@@ -439,6 +440,19 @@ TEST_SUITE("bad input") {
                 swap_muon(static_cast<Muon&>(*s.optimizer));
               }
             }) == "[swap] " + name + " is already wrapped by a SwapOptimizer");
+      // The mirrors are laid out when wrapped: a param added later would stay on the device.
+      const size_t groups = s.optimizer->param_groups().size();
+      ParamPtr extra = make_param("extra", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
+      CHECK(error_of([&] {
+              if (adamw) {
+                static_cast<AdamW&>(*s.optimizer).add_param_group({extra});
+              } else {
+                static_cast<Muon&>(*s.optimizer).add_param_group({extra});
+              }
+            }) == "[" + name +
+                      "] add_param_group() on an optimizer wrapped by a SwapOptimizer: its host mirrors hold the "
+                      "state of the params it had when wrapped (drop the wrapper, add the group, wrap it again)");
+      CHECK(s.optimizer->param_groups().size() == groups);
       CHECK(s.snap() == before);
     }
     // MuonWithAdamW whose AdamW half is wrapped: Muon's half does not step either.

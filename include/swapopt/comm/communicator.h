@@ -92,8 +92,8 @@ struct LaunchEnv {
   int rank = 0;        ///< RANK (required): this process's rank among all ranks.
   int world_size = 1;  ///< WORLD_SIZE (required): the number of ranks.
   int local_rank = 0;  ///< LOCAL_RANK (default: RANK): the GPU device() picks on this host.
-  std::string rendezvous_dir;  ///< SWAPOPT_RENDEZVOUS: Gloo's FileStore directory
-  std::string redis;           ///< SWAPOPT_REDIS, "host:port"; takes precedence over rendezvous_dir
+  std::string rendezvous_dir{};        ///< SWAPOPT_RENDEZVOUS: Gloo's FileStore directory
+  std::string redis{};                 ///< SWAPOPT_REDIS, "host:port"; takes precedence over rendezvous_dir
   std::string hostname = "127.0.0.1";  ///< SWAPOPT_HOSTNAME: this rank's address for the TCP transport
   /** SWAPOPT_TIMEOUT_MS (default 30 s): the limit on each collective of make_gloo_communicator's
    *  communicator and its sub-groups (NCCL takes its own `timeout`). */
@@ -106,7 +106,7 @@ struct LaunchEnv {
   /** SWAPOPT_RUN_ID (default empty): a prefix of every rendezvous key. Each attempt of a restarted
    *  job takes a new one (scripts/swapopt-launch sets "<job>.<attempt>"), so that it never meets
    *  the keys a failed attempt left in the store. */
-  std::string run_id;
+  std::string run_id{};
 
   /** Reads the variables above; throws naming a missing or bad one. */
   static LaunchEnv from_environment();

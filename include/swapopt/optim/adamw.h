@@ -43,7 +43,7 @@ class AdamW : public Optimizer {
 
   /** Adds a group with `options`; throws "[AdamW] ..." for a bad option or param (null, already
    *  in a group, a missing, non-UTF-8 or duplicate name, data not contiguous or on another
-   *  device). */
+   *  device) and while a SwapOptimizer wraps it. */
   void add_param_group(std::vector<ParamPtr> params, AdamWOptions options = {});
   /** Group `group`'s options; throws std::out_of_range for a bad index. */
   const AdamWOptions& options(size_t group) const { return options_.at(group); }

@@ -22,14 +22,14 @@ struct HsdpOptions {
    *  consecutive replicate coordinates; each block shares the work of one full update and
    *  broadcasts within itself (k = 1: every replica computes everything, no broadcast). Unset: all
    *  R replicas form one block. Must divide every R it applies to (R < k: all R). */
-  std::optional<int64_t> replica_count;
+  std::optional<int64_t> replica_count{};
   /** The replicate broadcast packs each owner's params into buffers of at most this many bytes
    *  (a larger param gets one of its own). */
   int64_t broadcast_buffer_bytes = 512LL << 20;
   /** Prefix of the sub-groups' rendezvous names, unique per optimizer of a job. Empty: "hsdp<n>",
    *  n counting enable_hsdp calls in this process (the same on every rank when each creates its
    *  optimizers in the same order; ranks that share a process need names of their own). */
-  std::string name;
+  std::string name{};
 
   /** Throws "[Muon] <option> ..." for a bad value. */
   void validate() const;

@@ -28,7 +28,7 @@ struct MuonOptions {
   double matched_adamw_rms = 0.2;
   /** m1: weight of the old buffer in the update; m2: in the new buffer (the pair form). */
   double momentum = 0.95;
-  std::optional<double> momentum2;  ///< m2, in [0, 1); unset: m2 = momentum
+  std::optional<double> momentum2{};  ///< m2, in [0, 1); unset: m2 = momentum
   /** Nesterov: the update becomes m1 * u + g (u = g + m1 * buf, the old buffer). */
   bool nesterov = true;
   /** Newton-Schulz iterations, >= 1; at most 5 for asym5 and polar_express, at most the number
@@ -37,7 +37,7 @@ struct MuonOptions {
   /** Coefficient schedule (see ns_schedule): "legacy", "asym5", "polar_express" or "custom". */
   std::string ns_variant = "asym5";
   /** The (a, b, c) triples of "custom", one per step; must be empty for the other variants. */
-  std::vector<NsCoefficients> ns_coefficients;
+  std::vector<NsCoefficients> ns_coefficients{};
   /** eps of the Newton-Schulz normalisation X / (||X||_F * norm_scale + eps); finite, >= 0. */
   double ns_epsilon = 1e-10;
   /** With matched_adamw_rms == 0: "zero" gives scale 0 (decay only), "use_lr" gives scale 1. */
@@ -45,7 +45,7 @@ struct MuonOptions {
   /** Fold -lr into the update before it is added (rounded in the NS dtype), as the reference can. */
   bool apply_lr_in_update = false;
   /** Working dtype of Newton-Schulz: unset = f32 on the CPU, bf16 on CUDA (the reference's). */
-  std::optional<DType> ns_dtype;
+  std::optional<DType> ns_dtype{};
   /** Memory-safe batches: a param whose logical elements would take a batch past
    *  max(1, max_batch_elements / shard_size) starts the next batch, once the current one holds
    *  min_batch_size params (so one large param, or min_batch_size, can exceed it). >= 1. */
@@ -73,13 +73,14 @@ struct MuonHooks {
   /** Returns one NS input per grad (any shape with the grad's numel); replaces the momentum update. */
   std::function<std::vector<Tensor>(Stream& stream, const std::vector<Tensor>& grads, const std::vector<Tensor>& bufs,
                                     float m1, float m2, bool nesterov)>
-      momentum_update_fn;
+      momentum_update_fn{};
   /** Orthogonalises x [B, m, n] in place; replaces the built-in Newton-Schulz. */
-  std::function<void(Stream& stream, const Tensor& x, int ns_steps)> zeropower_fn;
+  std::function<void(Stream& stream, const Tensor& x, int ns_steps)> zeropower_fn{};
   /** Called for each updated param after its group's updates (owners only, before broadcasts).
    *  Under HSDP the hooks run while the stream waits on collectives on the device: they must not
    *  synchronise it (that wait has no timeout; the step's end has). */
-  std::function<void(Stream& stream, Param& param, const Tensor& local, const PostUpdateContext& context)> post_update_fn;
+  std::function<void(Stream& stream, Param& param, const Tensor& local, const PostUpdateContext& context)>
+      post_update_fn{};
 };
 
 /** The last two dims of a Muon param, with [A, 1, B] read as (A, B); `count` matrices of rows x cols. */
@@ -107,7 +108,8 @@ class Muon : public Optimizer {
    *  parts of the math. */
   explicit Muon(Stream stream, MuonHooks hooks = {});
 
-  /** Adds a group; every param must be at least 2-D: "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon". */
+  /** Adds a group (not while a SwapOptimizer wraps it); every param must be at least 2-D:
+   *  "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon". */
   void add_param_group(std::vector<ParamPtr> params, MuonOptions options = {});
   /** Group `group`'s options; throws std::out_of_range for a bad index. */
   const MuonOptions& options(size_t group) const { return options_.at(group); }

@@ -18,8 +18,8 @@ const char* route_name(Route route);
 
 /** Params `matches` accepts go to `route`; `why` says so in the routing report. */
 struct RoutingRule {
-  std::string why;  ///< The reason the routing report shows, e.g. "an embedding".
-  std::function<bool(const Param&)> matches;  ///< The predicate; an empty function matches nothing.
+  std::string why{};                            ///< The reason the routing report shows, e.g. "an embedding".
+  std::function<bool(const Param&)> matches{};  ///< The predicate; an empty function matches nothing.
   Route route = Route::adamw_decay;  ///< Where a matched param goes.
 };
 

@@ -16,7 +16,7 @@ struct SwapConfig {
    *  it on the device during the step; between steps none is). */
   int swap_times = 16;
   /** State keys to swap (a subset of the family's); unset: all of them. */
-  std::optional<std::vector<std::string>> state_keys;
+  std::optional<std::vector<std::string>> state_keys{};
   /** Coalesce each batch's transfers into one copy per dtype through three staging arenas used in
    *  turn (a batch's load, the math of the one before and the offload of the one before that
    *  overlap). */
@@ -30,7 +30,7 @@ struct SwapConfig {
    *  staging arenas, a range of elements at a time, beside its workspace (AdamW's and Muon's
    *  units, HSDP assignments included; Muon's NS inputs stay whole). A budget below a unit's
    *  workspace plus two chunks of 32 elements is a named error. */
-  std::optional<size_t> device_budget_bytes;
+  std::optional<size_t> device_budget_bytes{};
   /** Keep the staging arenas' memory for the next step instead of giving it back after each one
    *  (Allocator::retain_freed with their bytes: on CUDA the device pool's release threshold, never
    *  lowered). Each step then reuses memory already mapped; but the pool keeps it reserved while
