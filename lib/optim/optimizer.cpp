@@ -43,14 +43,12 @@ void Optimizer::step() {
   check_unwrapped("step()");
   apply_schedule();
   check_step();
-  if (!skip_this_step()) run_step();
+  last_step_skipped_ = skip_this_step();
+  if (!last_step_skipped_) run_step();
   record_step_events();
 }
 
-bool Optimizer::skip_this_step() {
-  last_step_skipped_ = skip_nonfinite_ && grads_nonfinite();
-  return last_step_skipped_;
-}
+bool Optimizer::skip_this_step() { return skip_nonfinite_ && grads_nonfinite(); }
 
 bool Optimizer::grads_nonfinite() {
   const Tensor flag = Tensor::empty({1}, DType::f32, device(), &stream_);

@@ -65,6 +65,10 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
   check_save();
   optimizer().apply_schedule();
   optimizer().check_step();
+  return plan_checked_step();
+}
+
+SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
   PlannedStep plan;
   plan.skip = optimizer().skip_this_step();
   if (plan.skip) return plan;

@@ -42,11 +42,16 @@ SwapOptimizerSet::~SwapOptimizerSet() {
 
 void SwapOptimizerSet::step() {
   if (save_ && save_->finished()) wait_save();  // a failed background save is reported before anything changes
+  // Every member's save, schedule and checks before any member plans, as MuonWithAdamW::step()
+  // does: a bad grad in one member leaves every member's options and flags as the bare step would.
+  for (Member& m : members_) m.second->check_save();
+  for (Member& m : members_) m.second->optimizer().apply_schedule();
+  for (Member& m : members_) m.second->optimizer().check_step();
   std::vector<SwapOptimizer::PlannedStep> plans;
   plans.reserve(members_.size());
   bool skip = false;  // a non-finite grad in any member skips them all
   for (Member& m : members_) {
-    plans.push_back(m.second->plan_step());
+    plans.push_back(m.second->plan_checked_step());
     skip = skip || plans.back().skip;
   }
   for (SwapOptimizer::PlannedStep& plan : plans) plan.skip = skip;

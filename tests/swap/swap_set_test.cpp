@@ -163,6 +163,54 @@ TEST_SUITE("swap") {
     }
   }
 
+  TEST_CASE(
+      "SwapOptimizerSet: a step that fails its checks leaves every member's options and skip flag as the bare step "
+      "does") {
+    // Each member's schedule runs before any member's checks, and no skip flag moves until all
+    // pass, as in MuonWithAdamW::step(): after the failed step the two agree member by member.
+    auto bare_params = model();
+    MuonWithAdamW bare(Stream(Device::cpu()), bare_params);
+    Trained t;
+    for (MuonWithAdamW* o : {&bare, &t.opt}) {
+      o->muon().set_schedule([o](int64_t step) { o->muon().set_lr(0.01 * double(step)); });
+      o->adamw().set_schedule([o](int64_t step) { o->adamw().set_lr(0.001 * double(step)); });
+      o->muon().set_skip_nonfinite(true);
+      o->adamw().set_skip_nonfinite(true);
+    }
+    const auto both = [&](uint32_t step, auto edit) {
+      set_grads(bare_params, step);
+      set_grads(t.params, step);
+      edit(bare_params);
+      edit(t.params);
+    };
+    const auto bad_muon_grad = [](const std::vector<ParamPtr>& p) {  // the member the set checks first
+      p[1]->grad = Tensor::zeros({48, 31}, DType::f32, Device::cpu());
+    };
+    const auto fails_alike = [&] {
+      const std::string message = error_of([&] { bare.step(); });
+      CHECK(message.rfind("[Muon] grad of 'blocks.0.attn.weight'", 0) == 0);
+      CHECK(error_of([&] { t.set->step(); }) == message);
+      for (const auto& [bare_half, swapped_half] :
+           {std::pair<Optimizer*, Optimizer*>{&bare.muon(), &t.opt.muon()}, {&bare.adamw(), &t.opt.adamw()}}) {
+        CAPTURE(bare_half->name());
+        CHECK(swapped_half->metadata_json() == bare_half->metadata_json());  // the schedules' lr
+        CHECK(swapped_half->last_step_skipped() == bare_half->last_step_skipped());
+      }
+    };
+    both(1, [](const std::vector<ParamPtr>&) {});
+    bare.step();
+    t.set->step();
+    both(2, bad_muon_grad);  // after a step: the schedules set the next step's lr
+    fails_alike();
+    both(2, [](const std::vector<ParamPtr>& p) { static_cast<float*>(p[4]->grad.data_ptr())[0] = NAN; });
+    bare.step();  // AdamW's grad: the whole step skips
+    t.set->step();
+    REQUIRE(t.set->last_step_skipped());
+    both(3, bad_muon_grad);  // after a skipped step: the flags stay up
+    fails_alike();
+    CHECK(t.set->last_step_skipped());
+  }
+
   TEST_CASE("SwapOptimizerSet: checkpoints of other optimizers or members are named errors that change nothing") {
     Trained t;
     set_grads(t.params, 1);

@@ -165,10 +165,11 @@ class Optimizer {
   // The parts of step(), for the wrappers that step several optimizers as one.
   friend class MuonWithAdamW;
   friend class SwapOptimizer;
+  friend class SwapOptimizerSet;
   /** Calls the schedule, if any, with the number of the step about to run. */
   void apply_schedule();
-  /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite());
-   *  sets last_step_skipped(). */
+  /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite()).
+   *  Changes nothing: the caller sets last_step_skipped() once the step cannot throw its checks. */
   bool skip_this_step();
   /** The update itself, after step()'s checks passed. */
   virtual void run_step() = 0;
@@ -217,8 +218,8 @@ class Optimizer {
   std::function<void(int64_t)> schedule_;
   /** set_skip_nonfinite()'s flag. */
   bool skip_nonfinite_ = false;
-  /** What last_step_skipped() returns; set by skip_this_step() (and by the wrappers that step
-   *  several optimizers as one, so all of them skip together). */
+  /** What last_step_skipped() returns; set by step() after the checks (and by the wrappers that
+   *  step several optimizers as one, so all of them skip together). */
   bool last_step_skipped_ = false;
   /** grads_read(): recorded on stream_ by record_step_events(). */
   Event grads_read_;

@@ -120,6 +120,10 @@ class SwapOptimizer {
                                      std::unordered_map<const SwapSlot*, std::string>* mirrors = nullptr);
   /** Throws the failure of a finished save_async(), once. */
   void check_save();
+  /** plan_step() after its checks (the save's, the schedule, the optimizer's check_step()): the
+   *  skip vote, the units and the batches (budget checked); changes nothing. A set runs every
+   *  member's checks before any member's plan. */
+  PlannedStep plan_checked_step();
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 
   std::unique_ptr<StateSwapAdapter> adapter_;
