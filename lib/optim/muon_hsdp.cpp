@@ -134,8 +134,9 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
   }
 }
 
-bool Muon::grads_nonfinite() {
-  const bool mine = Optimizer::grads_nonfinite();
+bool Muon::grads_nonfinite() { return on_any_rank(Optimizer::grads_nonfinite()); }
+
+bool Muon::on_any_rank(bool mine) {
   if (!hsdp_enabled()) return mine;
   return sum_over_ranks(mesh_groups_->world(), stream_, mine ? 1.f : 0.f) != 0.f;
 }

@@ -416,6 +416,50 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE(
+      "2-rank HSDP swapped: a device budget one rank's plan does not fit fails the step on every rank, changing "
+      "nothing") {
+    // Mesh 2x1: both matrices replicated, each owned (NS workspace and momentum) by one rank. The
+    // budget holds the small matrix's unit, not the large one's workspace: only its owner's plan
+    // fails, and the ranks agree on it before the step's collectives (a rank going on alone would
+    // wait in them until their timeout).
+    auto world = std::make_shared<test::ThreadWorld>();
+    std::vector<std::string> errors(2), unchanged(2);
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank)
+      ranks.emplace_back([&, rank] {
+        try {
+          auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+          auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
+                                                   std::vector<std::string>{"replicate", "shard"}, rank);
+          std::vector<ParamPtr> params = {make_param("big", test::random_tensor({96, 96}, DType::f32, 1)),
+                                          make_param("small", test::random_tensor({8, 8}, DType::f32, 2))};
+          for (const ParamPtr& p : params)
+            p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+          Muon muon(Stream(Device::cpu()));
+          muon.add_param_group(params);
+          muon.enable_hsdp(comm, HsdpOptions{.name = "budget"});
+          auto swapped = swap_muon(muon, SwapConfig{.min_numel = 1, .device_budget_bytes = 60000});
+          set_grads(params, 1);
+          const std::string before = snapshot(muon, params, swapped.get());
+          errors[size_t(rank)] = error_of([&] { swapped->step(); });
+          unchanged[size_t(rank)] = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+        } catch (const std::exception& e) {
+          errors[size_t(rank)] = std::string("setup: ") + e.what();
+        }
+      });
+    for (std::thread& t : ranks) t.join();
+    const size_t owner = errors[0].find("below an update unit") != std::string::npos ? 0 : 1;
+    CAPTURE(errors[0]);
+    CAPTURE(errors[1]);
+    CHECK(errors[owner].rfind("[swap] device_budget_bytes 60000 is below an update unit", 0) == 0);
+    CHECK(errors[1 - owner] ==
+          "[swap] device_budget_bytes 60000 does not hold the step's plan on another rank (that rank's error names the "
+          "unit): "
+          "the step changed nothing");
+    CHECK(unchanged == std::vector<std::string>{"yes", "yes"});
+  }
+
+  TEST_CASE(
       "a wrapped optimizer refuses its own step, state_dict, load, a new group and a second wrap, changing nothing") {
     for (bool adamw : {false, true}) {
       Subject s(adamw, true);

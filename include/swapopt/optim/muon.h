@@ -131,6 +131,7 @@ class Muon : public Optimizer {
   void check_step() override;
   /** Under HSDP, the answer of every rank (an all-reduce over the world group). */
   bool grads_nonfinite() override;
+  bool on_any_rank(bool mine) override;
   void validate_options() const override;
 
   /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh

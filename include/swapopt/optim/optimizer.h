@@ -100,6 +100,9 @@ class Optimizer {
   /** Whether any grad the next step would read holds a NaN or infinity; waits for the stream.
    *  Collective under HSDP (every rank gets the same answer). */
   virtual bool grads_nonfinite();
+  /** Whether `mine` holds on any rank the optimizer's steps span: under HSDP an all-reduce over
+   *  every rank (collective; waits for the stream), otherwise `mine`. */
+  virtual bool on_any_rank(bool mine) { return mine; }
   /** The learning rate of `group`. */
   virtual double lr(size_t group) const = 0;
   /** Sets every group's learning rate, validated first: "[AdamW] lr must be finite and >= 0, got
