@@ -125,6 +125,30 @@ std::vector<BadGrad> bad_grads() {
 
 }  // namespace
 
+/** Runs `body(rank, world, error, unchanged)` on 2 thread ranks, the body filling in its rank's
+ *  error message and whether the failing call changed nothing ("yes"/"no"); an exception of the
+ *  body's own setup is its rank's error, "setup: ...". */
+struct TwoRankOutcome {
+  std::vector<std::string> errors = std::vector<std::string>(2), unchanged = std::vector<std::string>(2);
+};
+TwoRankOutcome on_two_ranks(const std::function<void(int rank, const std::shared_ptr<Communicator>& world,
+                                                     std::string& error, std::string& unchanged)>& body) {
+  auto threads = std::make_shared<test::ThreadWorld>();
+  TwoRankOutcome out;
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        body(rank, std::make_shared<test::ThreadCommunicator>(threads, "world", rank, 2), out.errors[size_t(rank)],
+             out.unchanged[size_t(rank)]);
+      } catch (const std::exception& e) {
+        out.errors[size_t(rank)] = std::string("setup: ") + e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
 TEST_SUITE("bad input") {
   TEST_CASE("a bad grad on the last param: named error, every byte unchanged (bare and swapped, Muon and AdamW)") {
     for (bool adamw : {false, true})
@@ -365,13 +389,8 @@ TEST_SUITE("bad input") {
       for (bool swap : {false, true}) {
         CAPTURE(c.what);
         CAPTURE(swap);
-        auto world = std::make_shared<test::ThreadWorld>();
-        std::vector<std::string> errors(2), unchanged(2);
-        std::vector<std::thread> ranks;
-        for (int rank = 0; rank < 2; ++rank)
-          ranks.emplace_back([&, rank] {
-            try {
-              auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+        const TwoRankOutcome out = on_two_ranks(
+            [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
               auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
               std::vector<ParamPtr> full = model(false), params;
               for (size_t i = 0; i < full.size(); ++i) {
@@ -400,17 +419,13 @@ TEST_SUITE("bad input") {
               set_grads(params, 3);
               c.edit(params, rank);
               const std::string before = snapshot(muon, params, swapped.get());
-              errors[size_t(rank)] = error_of(step);
-              unchanged[size_t(rank)] = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
-            } catch (const std::exception& e) {
-              errors[size_t(rank)] = std::string("setup: ") + e.what();
-            }
-          });
-        for (std::thread& t : ranks) t.join();
+              error = error_of(step);
+              unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+            });
         for (int rank = 0; rank < 2; ++rank) {
           CAPTURE(rank);
-          CHECK(errors[size_t(rank)] == c.message);
-          CHECK(unchanged[size_t(rank)] == "yes");
+          CHECK(out.errors[size_t(rank)] == c.message);
+          CHECK(out.unchanged[size_t(rank)] == "yes");
         }
       }
   }
@@ -422,13 +437,8 @@ TEST_SUITE("bad input") {
     // budget holds the small matrix's unit, not the large one's workspace: only its owner's plan
     // fails, and the ranks agree on it before the step's collectives (a rank going on alone would
     // wait in them until their timeout).
-    auto world = std::make_shared<test::ThreadWorld>();
-    std::vector<std::string> errors(2), unchanged(2);
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < 2; ++rank)
-      ranks.emplace_back([&, rank] {
-        try {
-          auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+    const TwoRankOutcome out = on_two_ranks(
+        [](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
           auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
                                                    std::vector<std::string>{"replicate", "shard"}, rank);
           std::vector<ParamPtr> params = {make_param("big", test::random_tensor({96, 96}, DType::f32, 1)),
@@ -441,13 +451,10 @@ TEST_SUITE("bad input") {
           auto swapped = swap_muon(muon, SwapConfig{.min_numel = 1, .device_budget_bytes = 60000});
           set_grads(params, 1);
           const std::string before = snapshot(muon, params, swapped.get());
-          errors[size_t(rank)] = error_of([&] { swapped->step(); });
-          unchanged[size_t(rank)] = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
-        } catch (const std::exception& e) {
-          errors[size_t(rank)] = std::string("setup: ") + e.what();
-        }
-      });
-    for (std::thread& t : ranks) t.join();
+          error = error_of([&] { swapped->step(); });
+          unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+        });
+    const std::vector<std::string>& errors = out.errors;
     const size_t owner = errors[0].find("below an update unit") != std::string::npos ? 0 : 1;
     CAPTURE(errors[0]);
     CAPTURE(errors[1]);
@@ -456,7 +463,7 @@ TEST_SUITE("bad input") {
           "[swap] device_budget_bytes 60000 does not hold the step's plan on another rank (that rank's error names the "
           "unit): "
           "the step changed nothing");
-    CHECK(unchanged == std::vector<std::string>{"yes", "yes"});
+    CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
   }
 
   TEST_CASE(
