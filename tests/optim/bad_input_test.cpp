@@ -123,8 +123,6 @@ std::vector<BadGrad> bad_grads() {
   };
 }
 
-}  // namespace
-
 /** Runs `body(rank, world, error, unchanged)` on 2 thread ranks, the body filling in its rank's
  *  error message and whether the failing call changed nothing ("yes"/"no"); an exception of the
  *  body's own setup is its rank's error, "setup: ...". */
@@ -148,6 +146,8 @@ TwoRankOutcome on_two_ranks(const std::function<void(int rank, const std::shared
   for (std::thread& t : ranks) t.join();
   return out;
 }
+
+}  // namespace
 
 TEST_SUITE("bad input") {
   TEST_CASE("a bad grad on the last param: named error, every byte unchanged (bare and swapped, Muon and AdamW)") {
