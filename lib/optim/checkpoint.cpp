@@ -160,8 +160,13 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
     uint64_t numel = 1, extent = 1;
     for (const int64_t dim : shape) {
-      SWAPOPT_CHECK(dim >= 0 && (empty ? uint64_t(dim) <= kMaxEmptyExtent / extent : dim <= int64_t(data_size)),
-                    "[checkpoint] " << what << " has bad dim " << dim);
+      SWAPOPT_CHECK(dim >= 0, "[checkpoint] " << what << " has negative dim " << dim);
+      SWAPOPT_CHECK(!empty || uint64_t(dim) <= kMaxEmptyExtent / extent,
+                    "[checkpoint] " << what << " has no elements but dims " << shape_str(shape) << " beyond "
+                                    << kMaxEmptyExtent << " together");
+      SWAPOPT_CHECK(empty || dim <= int64_t(data_size),
+                    "[checkpoint] " << what << " has dim " << dim << ", more than the " << data_size
+                                    << " data bytes of the file (is it cut short?)");
       if (dim > 0) extent *= uint64_t(dim);
       numel = dim == 0 ? 0 : (numel > data_size / uint64_t(dim) ? data_size + 1 : numel * uint64_t(dim));
     }

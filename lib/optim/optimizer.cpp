@@ -347,9 +347,15 @@ std::function<void()> Optimizer::prepare_load(
       for (const std::string& key : options.group_state_keys[group_of[i]])
         SWAPOPT_CHECK(std::find(keys_of[i].begin(), keys_of[i].end(), key) != keys_of[i].end(),
                       what << " has '" << keys_of[i].front() << "' but not '" << key << "'");
-    if (counts_param_steps())
+    if (counts_param_steps()) {
       SWAPOPT_CHECK(keys_of[i].empty() == (param_steps[i] == 0),
                     what << (keys_of[i].empty() ? " has no state but step " : " has state but step ") << param_steps[i]);
+      SWAPOPT_CHECK(param_steps[i] <= group_steps[group_of[i]],
+                    what << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
+    } else {
+      SWAPOPT_CHECK(param_steps[i] == 0, what << " has step " << param_steps[i] << ": " << name_
+                                              << " counts no steps per param (its files hold 0)");
+    }
   }
   std::function<void()> apply_options = options.apply;
   return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {

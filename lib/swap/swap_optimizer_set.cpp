@@ -107,24 +107,27 @@ std::string set_metadata(const std::vector<std::pair<std::string, std::string>>&
 
 }  // namespace
 
+std::string SwapOptimizerSet::optimizer_names() const {
+  std::string names;
+  for (const Member& m : members_) names += (names.empty() ? "" : "+") + m.second->optimizer().name();
+  return names;
+}
+
 StateDict SwapOptimizerSet::state_dict() {
   StateDict out;
-  std::string optimizers;
   std::vector<std::pair<std::string, std::string>> metadata;
   for (Member& m : members_) {
     StateDict part = m.second->state_dict();
     for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
     metadata.emplace_back(m.first, part.metadata);
-    optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
   }
-  out.metadata = set_metadata(metadata, optimizers);
+  out.metadata = set_metadata(metadata, optimizer_names());
   return out;
 }
 
 CheckpointSource SwapOptimizerSet::checkpoint_source(bool copy_device_state,
                                                       std::unordered_map<const SwapSlot*, std::string>* mirrors) {
   CheckpointSource out;
-  std::string optimizers;
   std::vector<std::pair<std::string, std::string>> metadata;
   for (Member& m : members_) {
     std::unordered_map<const SwapSlot*, std::string> part_mirrors;
@@ -133,9 +136,8 @@ CheckpointSource SwapOptimizerSet::checkpoint_source(bool copy_device_state,
     if (mirrors != nullptr)
       for (auto& [slot, name] : part_mirrors) mirrors->emplace(slot, m.first + "/" + name);
     metadata.emplace_back(m.first, part.metadata);
-    optimizers += (optimizers.empty() ? "" : "+") + m.second->optimizer().name();
   }
-  out.metadata = set_metadata(metadata, optimizers);
+  out.metadata = set_metadata(metadata, optimizer_names());
   return out;
 }
 
@@ -178,6 +180,10 @@ void SwapOptimizerSet::load_from(const CheckpointReader& checkpoint) {
   for (const json::Value& v : listed) have += (have.empty() ? "" : ", ") + json::get_string(json::member(v, "name", "members[]"), "name");
   for (const Member& m : members_) want += (want.empty() ? "" : ", ") + m.first;
   SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
+  const std::string& optimizers = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
+  SWAPOPT_CHECK(optimizers == optimizer_names(), "[checkpoint] names its members' optimizers '"
+                                                     << optimizers << "', this set's are '" << optimizer_names()
+                                                     << "'");
 
   std::vector<CheckpointReader> parts(members_.size());
   for (size_t i = 0; i < members_.size(); ++i)
@@ -198,7 +204,9 @@ void SwapOptimizerSet::load_from(const CheckpointReader& checkpoint) {
     try {
       applies.push_back(members_[i].second->prepare_load(parts[i]));
     } catch (const Error& e) {
-      SWAPOPT_FAIL("[checkpoint] member '" << members_[i].first << "': " << e.what());
+      std::string why = e.what();
+      if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // said once, before the member's name
+      SWAPOPT_FAIL("[checkpoint] member '" << members_[i].first << "': " << why);
     }
   }
   for (auto& apply : applies) apply();

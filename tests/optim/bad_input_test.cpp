@@ -21,6 +21,13 @@ std::vector<ParamPtr> model(bool with_vector) {
   return out;
 }
 
+/** Replaces the first `from` in `text` by `to`; `from` must be there. */
+void replace_once(std::string& text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+}
+
 void set_grads(const std::vector<ParamPtr>& params, int step) {
   for (size_t i = 0; i < params.size(); ++i)
     params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, uint32_t(100 * step + int(i)));
@@ -274,11 +281,18 @@ TEST_SUITE("bad input") {
            s.tensors.erase("state.1.exp_avg_sq");
          },
          "[checkpoint] param 1 ('bias') has no state but step 2"},
-        {"state.00 aliasing state.0", true, [](StateDict& s) { s.tensors.emplace("state.00.exp_avg", s.tensors.at("state.0.exp_avg")); },
+        {"state.00 aliasing state.0", true,
+         [](StateDict& s) { s.tensors.emplace("state.00.exp_avg", s.tensors.at("state.0.exp_avg")); },
          "[checkpoint] tensor name 'state.00.exp_avg' is not canonical: the param index is written '0'"},
         {"max_exp_avg_sq for a group without amsgrad", true,
          [](StateDict& s) { s.tensors.emplace("state.0.max_exp_avg_sq", s.tensors.at("state.0.exp_avg").clone()); },
          "[checkpoint] tensor 'state.0.max_exp_avg_sq': group 0 does not use 'max_exp_avg_sq' with its options"},
+        {"a param step beyond its group's", true,
+         [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[2,", "\"param_steps\":[9,"); },
+         "[checkpoint] param 0 ('w0') has step 9, beyond its group's 2"},
+        {"a per-param step in a Muon file", false,
+         [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[0,", "\"param_steps\":[7,"); },
+         "[checkpoint] param 0 ('w0') has step 7: Muon counts no steps per param (its files hold 0)"},
         {"Muon state under an AdamW key", false,
          [](StateDict& s) { s.tensors.emplace("state.0.exp_avg", s.tensors.at("state.0.momentum_buffer").clone()); },
          "[checkpoint] tensor 'state.0.exp_avg': 'exp_avg' is not Muon state"},

@@ -1,9 +1,10 @@
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 
-#include "test_util.h"
 #include "swapopt/optim/routing.h"
+#include "test_util.h"
 
 using namespace swapopt;
 
@@ -119,6 +120,13 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   std::string truncated = bytes.substr(0, bytes.size() - 4);
   CHECK_THROWS_WITH_AS(parse_state_dict(truncated.data(), truncated.size()),
                        "[checkpoint] tensor 'state.1.momentum_buffer' data_offsets [960, 1536) outside 1532 data bytes", Error);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  const std::string header_only = bytes.substr(0, 8 + header_bytes);  // cut where the data starts
+  const std::string cut = test::error_of([&] { parse_state_dict(header_only.data(), header_only.size()); });
+  CAPTURE(cut);
+  CHECK(cut.find("' has dim ") != std::string::npos);
+  CHECK(cut.find(", more than the 0 data bytes of the file (is it cut short?)") != std::string::npos);
   std::string corrupt = bytes;
   corrupt[8] = 'x';  // first byte of the JSON header
   CHECK_THROWS_WITH_AS(parse_state_dict(corrupt.data(), corrupt.size()), "[checkpoint] bad JSON at byte 0: syntax error while parsing value - invalid literal; last read: 'x'",

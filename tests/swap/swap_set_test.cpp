@@ -244,6 +244,15 @@ TEST_SUITE("swap") {
     broken_adamw.tensors.erase("adamw/state.0.exp_avg");
     const std::string error = error_of([&] { t.set->load_state_dict(broken_adamw); });
     CHECK(error.rfind("[checkpoint] member 'adamw': ", 0) == 0);
+    CHECK(error.find("[checkpoint]", 1) == std::string::npos);  // said once
+    CHECK(snapshot(*t.set, t.params) == before);
+
+    StateDict swapped_names = good;  // the members as they are, the set's "optimizer" not
+    const size_t at = swapped_names.metadata.find("\"optimizer\":\"Muon+AdamW\"");
+    REQUIRE(at != std::string::npos);
+    swapped_names.metadata.replace(at, 24, "\"optimizer\":\"AdamW+Muon\"");
+    CHECK(error_of([&] { t.set->load_state_dict(swapped_names); }) ==
+          "[checkpoint] names its members' optimizers 'AdamW+Muon', this set's are 'Muon+AdamW'");
     CHECK(snapshot(*t.set, t.params) == before);
   }
 

@@ -84,6 +84,8 @@ class SwapOptimizerSet {
   /** Every member's SwapOptimizer::checkpoint_source under its name's prefix, and the set's
    *  metadata. */
   CheckpointSource checkpoint_source(bool copy_device_state, std::unordered_map<const SwapSlot*, std::string>* mirrors);
+  /** The members' optimizer names joined by '+' (the metadata's "optimizer"), e.g. "Muon+AdamW". */
+  std::string optimizer_names() const;
   std::vector<Member> members_;
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 };
