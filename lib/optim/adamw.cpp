@@ -146,7 +146,7 @@ void AdamW::set_lr(double lr) { set_every_lr(options_, lr); }
 
 void AdamW::validate_options() const {
   for (size_t g = 0; g < options_.size(); ++g) {
-    options_[g].validate();
+    validate_group(options_[g], g, name_);
     check_amsgrad_fits_state(g, options_[g]);  // mutable_options() may have changed it
   }
 }
@@ -189,7 +189,11 @@ Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::s
     o.eps = number("eps");
     o.weight_decay = number("weight_decay");
     o.amsgrad = json::get_bool(json::member(v, "amsgrad", w), "amsgrad");
-    o.validate();
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      SWAPOPT_FAIL("[checkpoint] group " << parsed.size() << ": " << e.what());
+    }
     parsed.push_back(o);
     prepared.group_state_keys.push_back(keys_for(o));
   }

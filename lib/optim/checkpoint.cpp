@@ -103,11 +103,22 @@ std::string header_bytes(const std::string& metadata, const std::vector<HeaderTe
   return out + text;
 }
 
+/** What a StateDict's tensors and metadata must be to be written or loaded: named errors. */
+void check_state_dict_tensor(const std::string& name, const Tensor& tensor) {
+  SWAPOPT_CHECK(tensor.defined() && !tensor.is_released(),
+                "[checkpoint] tensor '" << name << "' is " << (tensor.defined() ? "released" : "undefined"));
+  SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+                "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+}
+void check_state_dict_metadata(const StateDict& state) {
+  SWAPOPT_CHECK(!state.metadata.empty(), "[checkpoint] no swapopt metadata in the state dict");
+}
+
 std::string header_bytes(const StateDict& state) {
+  check_state_dict_metadata(state);
   std::vector<HeaderTensor> tensors;
   for (const auto& [name, tensor] : state.tensors) {
-    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
-                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+    check_state_dict_tensor(name, tensor);
     tensors.push_back({&name, tensor.dtype(), &tensor.shape(), tensor.nbytes(), crc32_of(tensor.data_ptr(), tensor.nbytes())});
   }
   return header_bytes(state.metadata, tensors);
@@ -475,11 +486,11 @@ void write_checkpoint(const CheckpointSource& source, const std::string& path,
 }
 
 CheckpointReader reader_of(const StateDict& state) {
+  check_state_dict_metadata(state);
   CheckpointReader out;
   out.metadata = state.metadata;
   for (const auto& [name, tensor] : state.tensors) {
-    SWAPOPT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
-                  "[checkpoint] tensor '" << name << "' must be a contiguous host tensor, got " << tensor.str());
+    check_state_dict_tensor(name, tensor);
     const void* data = tensor.nbytes() > 0 ? tensor.data_ptr() : nullptr;
     out.tensors.emplace(name, TensorReader{tensor.dtype(), tensor.shape(), [data](void* to, size_t offset, size_t size) {
                                              std::memcpy(to, static_cast<const char*>(data) + offset, size);

@@ -25,6 +25,24 @@ void set_group_options(std::vector<Options>& all, size_t group, const Options& o
   set_group_options(all, group, options, optimizer, [](const Options&) {});
 }
 
+/** `message`, an error of `optimizer`'s options ("[AdamW] beta1 ..."), naming the group after its
+ *  prefix: "[AdamW] group 1: beta1 ...". */
+inline std::string in_group(const std::string& message, const std::string& optimizer, size_t group) {
+  const std::string prefix = "[" + optimizer + "] ";
+  if (message.rfind(prefix, 0) != 0) return message;
+  return prefix + "group " + std::to_string(group) + ": " + message.substr(prefix.size());
+}
+
+/** Validates group `group`'s options, naming the group in the error. */
+template <typename Options>
+void validate_group(const Options& options, size_t group, const std::string& optimizer) {
+  try {
+    options.validate();
+  } catch (const Error& e) {
+    SWAPOPT_FAIL(in_group(e.what(), optimizer, group));
+  }
+}
+
 /** Sets every group's lr, each validated before any changes. */
 template <typename Options>
 void set_every_lr(std::vector<Options>& all, double lr) {

@@ -10,7 +10,8 @@ namespace swapopt {
 void HsdpOptions::validate() const {
   SWAPOPT_CHECK(cap_bytes >= 1, "[Muon] HSDP cap_bytes must be >= 1, got " << cap_bytes);
   SWAPOPT_CHECK(broadcast_buffer_bytes >= 1, "[Muon] HSDP broadcast_buffer_bytes must be >= 1, got " << broadcast_buffer_bytes);
-  SWAPOPT_CHECK(!replica_count || *replica_count >= 1, "[Muon] hsdp_replica_count must be >= 1, got " << *replica_count);
+  SWAPOPT_CHECK(!replica_count || *replica_count >= 1,
+                "[Muon] HsdpOptions::replica_count must be >= 1, got " << *replica_count);
 }
 
 int64_t align_to_512_bytes(int64_t elements, DType dtype) {

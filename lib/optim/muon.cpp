@@ -273,7 +273,7 @@ void Muon::set_options(size_t group, const MuonOptions& options) { set_group_opt
 void Muon::set_lr(double lr) { set_every_lr(options_, lr); }
 
 void Muon::validate_options() const {
-  for (const MuonOptions& o : options_) o.validate();
+  for (size_t g = 0; g < options_.size(); ++g) validate_group(options_[g], g, name_);
 }
 
 void Muon::check_step() {
@@ -375,7 +375,11 @@ Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::st
     if (!field("ns_dtype").is_null()) o.ns_dtype = dtype_from_name(string("ns_dtype"));
     o.max_batch_elements = json::get_int(field("max_batch_elements"), "max_batch_elements");
     o.min_batch_size = json::get_int(field("min_batch_size"), "min_batch_size");
-    o.validate();
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      SWAPOPT_FAIL("[checkpoint] group " << parsed.size() << ": " << e.what());
+    }
     parsed.push_back(std::move(o));
   }
   return {[this, parsed] { options_ = parsed; }, std::vector<std::vector<std::string>>(parsed.size(), state_keys())};

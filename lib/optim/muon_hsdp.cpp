@@ -88,9 +88,9 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
     for (const Domain& d : domains) {
       const int64_t replicas = mesh_groups->size(d.replicate);
       const int64_t block = options.replica_count ? std::min(*options.replica_count, replicas) : replicas;
-      SWAPOPT_CHECK(replicas % block == 0, "[Muon] hsdp_replica_count " << *options.replica_count << " must divide the "
-                                                                        << replicas << " replicas of parameter '"
-                                                                        << d.params.front()->name << "'");
+      SWAPOPT_CHECK(replicas % block == 0, "[Muon] HsdpOptions::replica_count "
+                                               << *options.replica_count << " must divide the " << replicas
+                                               << " replicas of parameter '" << d.params.front()->name << "'");
       // A shard group of one rank holds whole tensors: the param is replicated in effect.
       const int64_t shard_ranks = mesh_groups->size(d.shard);
       std::vector<HsdpAssignment> assignments = make_hsdp_assignments(

@@ -221,8 +221,9 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
       bare.enable_hsdp(comm, bad);
       expect(false, "hsdp_replica_count 3 of 4 replicas accepted");
     } catch (const Error& e) {
-      expect(std::string(e.what()) == "[Muon] hsdp_replica_count 3 must divide the 4 replicas of parameter 'w0'",
-             std::string("named error, got: ") + e.what());
+      expect(
+          std::string(e.what()) == "[Muon] HsdpOptions::replica_count 3 must divide the 4 replicas of parameter 'w0'",
+          std::string("named error, got: ") + e.what());
     }
   }
   bare.enable_hsdp(comm, options);

@@ -196,7 +196,8 @@ TEST_SUITE("bad input") {
         } else {
           static_cast<Muon&>(*s.optimizer).mutable_options(0).momentum = 1.5;
         }
-        const std::string want = adamw ? "[AdamW] lr must be finite and >= 0, got nan" : "[Muon] momentum must be in [0, 1), got 1.5";
+        const std::string want = adamw ? "[AdamW] group 1: lr must be finite and >= 0, got nan"
+                                       : "[Muon] group 0: momentum must be in [0, 1), got 1.5";
         const std::string before = s.snap();
         CHECK(error_of([&] { s.step(); }) == want);
         CHECK(s.snap() == before);

@@ -99,6 +99,20 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   StateDict foreign_key = good;
   foreign_key.tensors["state.0.exp_avg"] = Tensor::zeros({12, 20}, DType::f32, Device::cpu());
   expect_rejected(foreign_key, "[checkpoint] tensor 'state.0.exp_avg': 'exp_avg' is not Muon state");
+  StateDict undefined = good;
+  undefined.tensors["state.0.momentum_buffer"] = Tensor();
+  expect_rejected(undefined, "[checkpoint] tensor 'state.0.momentum_buffer' is undefined");
+  CHECK(test::error_of([&] { serialize_state_dict(undefined); }) ==
+        "[checkpoint] tensor 'state.0.momentum_buffer' is undefined");
+  StateDict released = good;
+  released.tensors["state.0.momentum_buffer"] = good.tensors.at("state.0.momentum_buffer").clone();
+  released.tensors["state.0.momentum_buffer"].storage()->release();
+  expect_rejected(released, "[checkpoint] tensor 'state.0.momentum_buffer' is released");
+  StateDict no_metadata = good;
+  no_metadata.metadata.clear();  // a file written from it could never load: refused on save too
+  expect_rejected(no_metadata, "[checkpoint] no swapopt metadata in the state dict");
+  CHECK(test::error_of([&] { serialize_state_dict(no_metadata); }) ==
+        "[checkpoint] no swapopt metadata in the state dict");
   StateDict bad_index = good;
   bad_index.tensors["state.9.momentum_buffer"] = Tensor::zeros({12, 20}, DType::f32, Device::cpu());
   expect_rejected(bad_index, "[checkpoint] tensor 'state.9.momentum_buffer' names param 9 of 2");
@@ -112,7 +126,7 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   const size_t m = bad_option.metadata.find("\"momentum\":0.95");
   REQUIRE(m != std::string::npos);
   bad_option.metadata.replace(m, 15, "\"momentum\":1.5");
-  expect_rejected(bad_option, "[Muon] momentum must be in [0, 1), got 1.5");
+  expect_rejected(bad_option, "[checkpoint] group 0: [Muon] momentum must be in [0, 1), got 1.5");
 
   std::string bytes = serialize_state_dict(good);
   CHECK_THROWS_WITH_AS(parse_state_dict(bytes.data(), 5), "[checkpoint] file of 5 bytes is too short for a safetensors header",

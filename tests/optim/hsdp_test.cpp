@@ -192,7 +192,7 @@ TEST_CASE("HSDP errors are named") {
   CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] HSDP broadcast_buffer_bytes must be >= 1, got 0", Error);
   bad = {};
   bad.replica_count = 0;
-  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] hsdp_replica_count must be >= 1, got 0", Error);
+  CHECK_THROWS_WITH_AS(none.enable_hsdp(solo, bad), "[Muon] HsdpOptions::replica_count must be >= 1, got 0", Error);
 
   // A Muon over params laid out on the given meshes (replicated).
   auto muon_on = [&](const std::vector<std::shared_ptr<DeviceMesh>>& meshes) {

@@ -68,7 +68,7 @@ TEST_CASE("a schedule that sets a bad value fails the step with the option's err
   const Tensor before = params[0]->data.clone();
   adamw.set_schedule([&](int64_t) { adamw.mutable_options(0).lr = -1.0; });
   set_grads(params, 2);
-  CHECK(error_of([&] { adamw.step(); }) == "[AdamW] lr must be finite and >= 0, got -1");
+  CHECK(error_of([&] { adamw.step(); }) == "[AdamW] group 0: lr must be finite and >= 0, got -1");
   CHECK(test::same_bits(params[0]->data, before));
   CHECK(adamw.param_groups()[0].step == 1);
 }
