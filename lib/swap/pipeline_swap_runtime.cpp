@@ -778,7 +778,7 @@ void PipelineSwapRuntime::discard_early_prefetch() {
 }
 
 void PipelineSwapRuntime::prefetch_early(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) {
-  SWAPOPT_CHECK(!early_, "[swap] prefetch_early was already called for this step");
+  if (early_) return;  // already loading for the next step (say one whose step() failed its checks)
   auto early = std::make_unique<EarlyPrefetch>();
   early->units.assign(units.begin(), units.end());
   early->batches = make_batches(early->units, batch_sizes);

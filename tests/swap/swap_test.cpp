@@ -412,6 +412,47 @@ TEST_SUITE("swap") {
     }
   }
 
+  TEST_CASE("prefetch_early: a step that fails its checks keeps it for the retry; calling it again adds nothing") {
+    auto bare_params = test::swap_model(15), params = test::swap_model(15);
+    auto bare = make_muon(bare_params);
+    auto inner = make_muon(params);
+    auto swapped = swap_muon(*inner, config_of(3, true));
+    const auto every_grad = [&](int step) {  // every param a gradient: the early plan holds
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i]->grad = test::random_tensor(params[i]->data.shape(), DType::f32, 900 + uint32_t(step * 10 + int(i)));
+        bare_params[i]->grad = params[i]->grad.clone();
+      }
+    };
+    every_grad(1);
+    bare->step();
+    swapped->step();
+    swapped->prefetch_early();
+    every_grad(2);
+    const Tensor good = params[0]->grad;
+    params[0]->grad = Tensor::zeros({1}, DType::f32, Device::cpu());  // the trainer's bug: the step throws
+    CHECK_THROWS_AS(swapped->step(), Error);
+    params[0]->grad = good;
+    swapped->prefetch_early();  // the trainer's loop comes round again: its loads are in flight already
+    swapped->prefetch_early();
+    bare->step();
+    swapped->step();
+    swapped->synchronize();
+    const SwapStepReport report = swapped->last_report();
+    CHECK(report.early_prefetch_used);
+    bare->stream().synchronize();
+    CHECK(test::params_bitwise_equal(bare_params, params));
+    CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+    // The loads were issued once: the next step, without a prefetch, moves as many bytes.
+    every_grad(3);
+    bare->step();
+    swapped->step();
+    swapped->synchronize();
+    CHECK(swapped->last_report().h2d_bytes == report.h2d_bytes);
+    CHECK(swapped->last_report().h2d_copies == report.h2d_copies);
+    bare->stream().synchronize();
+    CHECK(test::params_bitwise_equal(bare_params, params));
+  }
+
   TEST_CASE("device budget chooses swap_times counting unit workspaces; impossible budgets name the sizes") {
     auto params = test::swap_model(16);
     auto muon = make_muon(params);

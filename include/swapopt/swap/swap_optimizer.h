@@ -52,7 +52,9 @@ class SwapOptimizer {
   bool last_step_skipped() { return optimizer().last_step_skipped(); }
   /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
    *  runs, planned as if every param will have a gradient; step() continues from there when the
-   *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. */
+   *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. A
+   *  step() that throws its checks keeps the prefetch for the next step(); calling prefetch_early()
+   *  again before that step adds nothing. */
   void prefetch_early();
 
   /** Host copies of the state (mirrors for swapped state) and metadata: the same format as the
