@@ -370,16 +370,30 @@ std::function<void()> Optimizer::prepare_load(
   };
 }
 
-void Optimizer::load_from(const CheckpointReader& checkpoint) {
+std::function<void()> Optimizer::prepare_device_load(const CheckpointReader& checkpoint) {
   std::function<void()> apply =
       prepare_load(checkpoint, [this](const Param& param, const std::string& key, const TensorReader& tensor) {
         Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, device());
         fill_from(stream_, device_copy, tensor);
         state_[&param].tensors[key] = device_copy;
       });
-  stream_.synchronize();  // no update may still be reading the state being replaced
-  apply();
+  return [this, apply] {
+    stream_.synchronize();  // no update may still be reading the state being replaced
+    apply();
+    stream_.synchronize();
+  };
+}
+
+void Optimizer::load_from(const CheckpointReader& checkpoint) { prepare_device_load(checkpoint)(); }
+
+CheckpointSource Optimizer::checkpoint_source() {
   stream_.synchronize();
+  CheckpointSource source;
+  source.metadata = metadata_json();
+  for (const auto& [param, ps] : state_)
+    for (const auto& [key, tensor] : ps.tensors)
+      source.tensors.emplace(state_name(param, key), device_source(stream_, tensor));
+  return source;
 }
 
 void Optimizer::load_state_dict(const StateDict& state) {
@@ -389,13 +403,7 @@ void Optimizer::load_state_dict(const StateDict& state) {
 
 void Optimizer::save_checkpoint(const std::string& path) {
   check_unwrapped("save_checkpoint()");
-  stream_.synchronize();
-  CheckpointSource source;
-  source.metadata = metadata_json();
-  for (const auto& [param, ps] : state_)
-    for (const auto& [key, tensor] : ps.tensors)
-      source.tensors.emplace(state_name(param, key), device_source(stream_, tensor));
-  write_checkpoint(source, path);
+  write_checkpoint(checkpoint_source(), path);
 }
 
 void Optimizer::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {

@@ -4,7 +4,9 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "checkpoint_stream.h"
 #include "disjoint_params.h"
+#include "member_checkpoint.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -136,6 +138,47 @@ void MuonWithAdamW::step() {
     if (!skip) half->run_step();
     half->record_step_events();
   }
+}
+
+namespace {
+// The member names swap_muon_with_adamw gives its halves: one checkpoint format for both.
+const std::vector<std::string> kHalves = {"muon", "adamw"};
+}  // namespace
+
+std::string MuonWithAdamW::optimizer_names() const { return muon_->name() + "+" + adamw_->name(); }
+
+StateDict MuonWithAdamW::state_dict() {
+  Optimizer* halves[] = {muon_.get(), adamw_.get()};
+  for (Optimizer* half : halves) half->check_unwrapped("state_dict()");
+  return join_members<StateDict>(
+      kHalves, [&](size_t i) { return halves[i]->state_dict(); }, optimizer_names());
+}
+
+void MuonWithAdamW::load_from(const CheckpointReader& checkpoint) {
+  Optimizer* halves[] = {muon_.get(), adamw_.get()};
+  load_members(kHalves, split_members(checkpoint, kHalves, optimizer_names()),
+               [&](size_t i, const CheckpointReader& part) { return halves[i]->prepare_device_load(part); });
+}
+
+void MuonWithAdamW::load_state_dict(const StateDict& state) {
+  for (Optimizer* half : {static_cast<Optimizer*>(muon_.get()), static_cast<Optimizer*>(adamw_.get())})
+    half->check_unwrapped("load_state_dict()");
+  load_from(reader_of(state));
+}
+
+void MuonWithAdamW::save_checkpoint(const std::string& path) {
+  Optimizer* halves[] = {muon_.get(), adamw_.get()};
+  for (Optimizer* half : halves) half->check_unwrapped("save_checkpoint()");
+  write_checkpoint(join_members<CheckpointSource>(
+                       kHalves, [&](size_t i) { return halves[i]->checkpoint_source(); }, optimizer_names()),
+                   path);
+}
+
+void MuonWithAdamW::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
+  for (Optimizer* half : {static_cast<Optimizer*>(muon_.get()), static_cast<Optimizer*>(adamw_.get())})
+    half->check_unwrapped("load_checkpoint()");
+  const CheckpointFile file(path, options);
+  load_from(file.reader());
 }
 
 }  // namespace swapopt

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "../optim/checkpoint_stream.h"
-#include "../optim/json.h"
+#include "../optim/member_checkpoint.h"
 #include "async_save.h"
 #include "swapopt/core/error.h"
 
@@ -96,16 +96,11 @@ void SwapOptimizerSet::synchronize() {
   for (Member& m : members_) m.second->synchronize();
 }
 
-namespace {
-
-/** The set's metadata: the members' optimizer names joined by '+', and each member's metadata. */
-std::string set_metadata(const std::vector<std::pair<std::string, std::string>>& members, const std::string& optimizers) {
-  json::Value listed = json::Value::array();
-  for (const auto& [name, metadata] : members) listed.push_back(json::Value::object({{"name", name}, {"metadata", metadata}}));
-  return json::dump(json::Value::object({{"optimizer", optimizers}, {"members", std::move(listed)}}), "the metadata");
+std::vector<std::string> SwapOptimizerSet::member_names() const {
+  std::vector<std::string> names;
+  for (const Member& m : members_) names.push_back(m.first);
+  return names;
 }
-
-}  // namespace
 
 std::string SwapOptimizerSet::optimizer_names() const {
   std::string names;
@@ -114,31 +109,22 @@ std::string SwapOptimizerSet::optimizer_names() const {
 }
 
 StateDict SwapOptimizerSet::state_dict() {
-  StateDict out;
-  std::vector<std::pair<std::string, std::string>> metadata;
-  for (Member& m : members_) {
-    StateDict part = m.second->state_dict();
-    for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
-    metadata.emplace_back(m.first, part.metadata);
-  }
-  out.metadata = set_metadata(metadata, optimizer_names());
-  return out;
+  return join_members<StateDict>(
+      member_names(), [&](size_t i) { return members_[i].second->state_dict(); }, optimizer_names());
 }
 
 CheckpointSource SwapOptimizerSet::checkpoint_source(bool copy_device_state,
                                                       std::unordered_map<const SwapSlot*, std::string>* mirrors) {
-  CheckpointSource out;
-  std::vector<std::pair<std::string, std::string>> metadata;
-  for (Member& m : members_) {
-    std::unordered_map<const SwapSlot*, std::string> part_mirrors;
-    CheckpointSource part = m.second->checkpoint_source(copy_device_state, &part_mirrors);
-    for (auto& [name, tensor] : part.tensors) out.tensors.emplace(m.first + "/" + name, std::move(tensor));
-    if (mirrors != nullptr)
-      for (auto& [slot, name] : part_mirrors) mirrors->emplace(slot, m.first + "/" + name);
-    metadata.emplace_back(m.first, part.metadata);
-  }
-  out.metadata = set_metadata(metadata, optimizer_names());
-  return out;
+  return join_members<CheckpointSource>(
+      member_names(),
+      [&](size_t i) {
+        std::unordered_map<const SwapSlot*, std::string> part_mirrors;
+        CheckpointSource part = members_[i].second->checkpoint_source(copy_device_state, &part_mirrors);
+        if (mirrors != nullptr)
+          for (auto& [slot, name] : part_mirrors) mirrors->emplace(slot, members_[i].first + "/" + name);
+        return part;
+      },
+      optimizer_names());
 }
 
 void SwapOptimizerSet::save_checkpoint(const std::string& path) {
@@ -170,46 +156,9 @@ void SwapOptimizerSet::load_checkpoint(const std::string& path, const Checkpoint
 }
 
 void SwapOptimizerSet::load_from(const CheckpointReader& checkpoint) {
-  const json::Value meta = json::parse(checkpoint.metadata);
-  SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
-                                              << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
-                                              << " optimizer, not of a set of optimizers (" << members_.size()
-                                              << " members)");
-  const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
-  std::string have, want;
-  for (const json::Value& v : listed) have += (have.empty() ? "" : ", ") + json::get_string(json::member(v, "name", "members[]"), "name");
-  for (const Member& m : members_) want += (want.empty() ? "" : ", ") + m.first;
-  SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
-  const std::string& optimizers = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
-  SWAPOPT_CHECK(optimizers == optimizer_names(), "[checkpoint] names its members' optimizers '"
-                                                     << optimizers << "', this set's are '" << optimizer_names()
-                                                     << "'");
-
-  std::vector<CheckpointReader> parts(members_.size());
-  for (size_t i = 0; i < members_.size(); ++i)
-    parts[i].metadata = json::get_string(json::member(listed[i], "metadata", "members[]"), "metadata");
-  for (const auto& [name, tensor] : checkpoint.tensors) {
-    const size_t slash = name.find('/');
-    bool placed = false;
-    for (size_t i = 0; i < members_.size() && slash != std::string::npos; ++i)
-      if (name.compare(0, slash, members_[i].first) == 0 && slash == members_[i].first.size()) {
-        parts[i].tensors.emplace(name.substr(slash + 1), tensor);
-        placed = true;
-      }
-    SWAPOPT_CHECK(placed, "[checkpoint] tensor '" << name << "' belongs to no member of the set (" << want << ")");
-  }
-  // Every member checks its part before any of them changes.
-  std::vector<std::function<void()>> applies;
-  for (size_t i = 0; i < members_.size(); ++i) {
-    try {
-      applies.push_back(members_[i].second->prepare_load(parts[i]));
-    } catch (const Error& e) {
-      std::string why = e.what();
-      if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // said once, before the member's name
-      SWAPOPT_FAIL("[checkpoint] member '" << members_[i].first << "': " << why);
-    }
-  }
-  for (auto& apply : applies) apply();
+  const std::vector<std::string> names = member_names();
+  load_members(names, split_members(checkpoint, names, optimizer_names()),
+               [&](size_t i, const CheckpointReader& part) { return members_[i].second->prepare_load(part); });
 }
 
 SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {

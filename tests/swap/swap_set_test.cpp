@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "swap_fixture.h"
 #include "test_util.h"
 
 using namespace swapopt;
@@ -254,6 +255,70 @@ TEST_SUITE("swap") {
     CHECK(error_of([&] { t.set->load_state_dict(swapped_names); }) ==
           "[checkpoint] names its members' optimizers 'AdamW+Muon', this set's are 'Muon+AdamW'");
     CHECK(snapshot(*t.set, t.params) == before);
+  }
+
+  TEST_CASE(
+      "a bare MuonWithAdamW and its swapped set write the same checkpoint and load each other's, resuming bitwise") {
+    const std::string path = (std::filesystem::temp_directory_path() / "swapopt_bare_set.safetensors").string();
+    auto bare_params = model();
+    MuonWithAdamW bare(Stream(Device::cpu()), bare_params);
+    Trained t;
+    for (uint32_t step = 1; step <= 2; ++step) {
+      set_grads(bare_params, step);
+      set_grads(t.params, step);
+      bare.step();
+      t.set->step();
+    }
+    // One format: the same bytes from either, through either route.
+    const std::string bare_bytes = serialize_state_dict(bare.state_dict());
+    CHECK(bare_bytes == serialize_state_dict(t.set->state_dict()));
+    bare.save_checkpoint(path);
+    CHECK(serialize_state_dict(load_state_dict(path)) == bare_bytes);
+
+    // The swapped run resumes from the bare file, and the bare one from the swapped run's: both
+    // go on bitwise as the runs they left.
+    auto resumed_params = model();
+    MuonWithAdamW resumed_bare(Stream(Device::cpu()), resumed_params);
+    Trained resumed;
+    resumed.set->load_checkpoint(path);
+    t.set->save_checkpoint(path);
+    resumed_bare.load_checkpoint(path);
+    for (size_t i = 0; i < bare_params.size(); ++i) {  // the weights, as a trainer saves them beside
+      std::memcpy(resumed_params[i]->data.data_ptr(), bare_params[i]->data.data_ptr(), bare_params[i]->data.nbytes());
+      std::memcpy(resumed.params[i]->data.data_ptr(), t.params[i]->data.data_ptr(), t.params[i]->data.nbytes());
+    }
+    for (uint32_t step = 3; step <= 4; ++step) {
+      for (const auto* params : {&bare_params, &t.params, &resumed_params, &resumed.params}) set_grads(*params, step);
+      bare.step();
+      t.set->step();
+      resumed_bare.step();
+      resumed.set->step();
+    }
+    t.set->synchronize();
+    resumed.set->synchronize();
+    const std::string want = serialize_state_dict(bare.state_dict());
+    CHECK(serialize_state_dict(resumed_bare.state_dict()) == want);
+    CHECK(serialize_state_dict(t.set->state_dict()) == want);
+    CHECK(serialize_state_dict(resumed.set->state_dict()) == want);
+    CHECK(test::params_bitwise_equal(bare_params, resumed_params));
+    CHECK(test::params_bitwise_equal(bare_params, t.params));
+    CHECK(test::params_bitwise_equal(bare_params, resumed.params));
+
+    // A bad part changes neither half, and its error names the member.
+    StateDict broken = bare.state_dict();
+    broken.tensors.erase("adamw/state.0.exp_avg");
+    const std::string before = serialize_state_dict(resumed_bare.state_dict());
+    const std::string error = error_of([&] { resumed_bare.load_state_dict(broken); });
+    CHECK(error.rfind("[checkpoint] member 'adamw': ", 0) == 0);
+    CHECK(serialize_state_dict(resumed_bare.state_dict()) == before);
+    CHECK(error_of([&] { resumed_bare.load_state_dict(bare.muon().state_dict()); }) ==
+          "[checkpoint] holds the state of one Muon optimizer, not of a set of optimizers (2 members)");
+    // While a half is wrapped its state is in the wrapper's mirrors.
+    CHECK(error_of([&] { t.opt.save_checkpoint(path); }) ==
+          "[Muon] save_checkpoint() on an optimizer wrapped by a SwapOptimizer: call the wrapper's save_checkpoint() "
+          "(the "
+          "state lives in its host mirrors)");
+    std::filesystem::remove(path);
   }
 
   TEST_CASE("SwapOptimizerSet: member names are unique and plain, and members share one stream") {

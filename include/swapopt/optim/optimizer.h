@@ -15,6 +15,7 @@
 namespace swapopt {
 
 struct CheckpointReader;
+struct CheckpointSource;
 struct TensorReader;
 
 /** Parameters that share options; `step` counts the optimizer steps taken by the group. */
@@ -164,6 +165,10 @@ class Optimizer {
                                      std::function<void(const Param&, const std::string&, const TensorReader&)> write_tensor);
   /** Checks `checkpoint` and loads it into device state of this optimizer's own. */
   void load_from(const CheckpointReader& checkpoint);
+  /** load_from's checks; returns the change that loads (it waits for the stream around it). */
+  std::function<void()> prepare_device_load(const CheckpointReader& checkpoint);
+  /** The state as save_checkpoint() writes it, read from the device through staging buffers. */
+  CheckpointSource checkpoint_source();
 
   // The parts of step(), for the wrappers that step several optimizers as one.
   friend class MuonWithAdamW;

@@ -101,7 +101,24 @@ class MuonWithAdamW {
   /** Where each param went and why (route_params' decisions). */
   const std::vector<RoutingDecision>& routing() const { return routing_; }
 
+  /** Both halves' state as one checkpoint, the format of swap_muon_with_adamw's (members "muon"
+   *  and "adamw"): either loads the other's, so a trainer can swap or not from one run to the
+   *  next. Each half's own state_dict() is its member's part. */
+  StateDict state_dict();
+  /** Checks both parts before either half changes (a member's error names it), then loads. */
+  void load_state_dict(const StateDict& state);
+  /** Writes the file that `save_state_dict(state_dict(), path)` writes, streaming the state from
+   *  the device through a staging buffer (Optimizer::save_checkpoint). */
+  void save_checkpoint(const std::string& path);
+  /** Loads a file save_checkpoint() or a swapped set's save_checkpoint() wrote (the checks of
+   *  load_state_dict). */
+  void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
+
  private:
+  /** "Muon+AdamW", the metadata's "optimizer" (as a swapped set of the two writes it). */
+  std::string optimizer_names() const;
+  /** Checks both halves' parts of `checkpoint`, then loads them. */
+  void load_from(const CheckpointReader& checkpoint);
   std::unique_ptr<Muon> muon_;
   std::unique_ptr<AdamW> adamw_;
   std::vector<RoutingDecision> routing_;

@@ -86,6 +86,8 @@ class SwapOptimizerSet {
   CheckpointSource checkpoint_source(bool copy_device_state, std::unordered_map<const SwapSlot*, std::string>* mirrors);
   /** The members' optimizer names joined by '+' (the metadata's "optimizer"), e.g. "Muon+AdamW". */
   std::string optimizer_names() const;
+  /** The members' names, in order. */
+  std::vector<std::string> member_names() const;
   std::vector<Member> members_;
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 };

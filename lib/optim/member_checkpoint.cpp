@@ -1,0 +1,63 @@
+#include "member_checkpoint.h"
+
+#include "json.h"
+#include "swapopt/core/error.h"
+
+namespace swapopt {
+
+std::string members_metadata(const std::vector<MemberMetadata>& members, const std::string& optimizers) {
+  json::Value listed = json::Value::array();
+  for (const auto& [name, metadata] : members)
+    listed.push_back(json::Value::object({{"name", name}, {"metadata", metadata}}));
+  return json::dump(json::Value::object({{"optimizer", optimizers}, {"members", std::move(listed)}}), "the metadata");
+}
+
+std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, const std::vector<std::string>& names,
+                                            const std::string& optimizers) {
+  const json::Value meta = json::parse(checkpoint.metadata);
+  SWAPOPT_CHECK(meta.contains("members"),
+                "[checkpoint] holds the state of one "
+                    << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
+                    << " optimizer, not of a set of optimizers (" << names.size() << " members)");
+  const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
+  std::string have, want;
+  for (const json::Value& v : listed)
+    have += (have.empty() ? "" : ", ") + json::get_string(json::member(v, "name", "members[]"), "name");
+  for (const std::string& name : names) want += (want.empty() ? "" : ", ") + name;
+  SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
+  const std::string& named = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
+  SWAPOPT_CHECK(named == optimizers,
+                "[checkpoint] names its members' optimizers '" << named << "', this set's are '" << optimizers << "'");
+
+  std::vector<CheckpointReader> parts(names.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    parts[i].metadata = json::get_string(json::member(listed[i], "metadata", "members[]"), "metadata");
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    const size_t slash = name.find('/');
+    bool placed = false;
+    for (size_t i = 0; i < names.size() && slash != std::string::npos; ++i)
+      if (name.compare(0, slash, names[i]) == 0 && slash == names[i].size()) {
+        parts[i].tensors.emplace(name.substr(slash + 1), tensor);
+        placed = true;
+      }
+    SWAPOPT_CHECK(placed, "[checkpoint] tensor '" << name << "' belongs to no member of the set (" << want << ")");
+  }
+  return parts;
+}
+
+void load_members(const std::vector<std::string>& names, const std::vector<CheckpointReader>& parts,
+                  const std::function<std::function<void()>(size_t member, const CheckpointReader& part)>& prepare) {
+  std::vector<std::function<void()>> applies;
+  for (size_t i = 0; i < names.size(); ++i) {
+    try {
+      applies.push_back(prepare(i, parts[i]));
+    } catch (const Error& e) {
+      std::string why = e.what();
+      if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // said once, before the member's name
+      SWAPOPT_FAIL("[checkpoint] member '" << names[i] << "': " << why);
+    }
+  }
+  for (auto& apply : applies) apply();
+}
+
+}  // namespace swapopt
