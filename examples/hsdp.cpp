@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -84,8 +85,10 @@ Config parse(int argc, char** argv) {
       continue;
     }
     char* end = nullptr;
+    errno = 0;
     const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || v > INT32_MAX) usage("bad value '" + value + "' for " + flag);
+    if (value.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > INT32_MAX)
+      usage("bad value '" + value + "' for " + flag);
     if (flag == "--hidden") c.hidden = v;
     else if (flag == "--layers") c.layers = v;
     else if (flag == "--steps") c.steps = int(v);

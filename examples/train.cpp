@@ -6,6 +6,7 @@
 //                 [--packed 1] [--no-swap] [--budget BYTES] [--seed 1] [--log-every 10]
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -78,8 +79,8 @@ Config parse(int argc, char** argv) {
     errno = 0;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     if (text.empty() || *end != '\0' || errno == ERANGE) usage(("bad value '" + text + "' for " + flag).c_str());
-    if (v < 0 || (flag != "--budget" && v > INT32_MAX))
-      usage(("value " + text + " for " + flag + " is out of range").c_str());
+    const long long most = flag == "--budget" ? LLONG_MAX : flag == "--seed" ? UINT32_MAX : INT32_MAX;
+    if (v < 0 || v > most) usage(("value " + text + " for " + flag + " is out of range").c_str());
     set->second(v);
   }
   if (c.hidden < 1 || c.layers < 1 || c.batch < 1 || c.steps < 1) usage("sizes must be positive");

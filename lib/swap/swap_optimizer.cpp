@@ -85,7 +85,7 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
   std::exception_ptr failure;
   try {
     plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
-  } catch (const Error&) {
+  } catch (...) {  // any failure, so that no rank leaves the others waiting in the vote
     failure = std::current_exception();
   }
   const bool any_failed = optimizer().on_any_rank(failure != nullptr);
@@ -123,7 +123,15 @@ void SwapOptimizer::synchronize() {
 void SwapOptimizer::prefetch_early() {
   std::vector<UpdateUnit> units = adapter_->plan_units(true);
   runtime_.attach_slots(units, optimizer(), false);
-  runtime_.prefetch_early(units, runtime_.plan_batches(units, adapter_->partition_costs(units)));
+  std::vector<size_t> batch_sizes;
+  try {
+    batch_sizes = runtime_.plan_batches(units, adapter_->partition_costs(units));
+  } catch (const Error&) {
+    // A budget the plan does not fit: step() says so, after the ranks agree on it (under HSDP a
+    // rank throwing here alone would leave the others waiting in that vote).
+    return;
+  }
+  runtime_.prefetch_early(units, batch_sizes);
 }
 
 StateDict SwapOptimizer::state_dict() {

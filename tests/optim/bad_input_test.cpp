@@ -464,6 +464,7 @@ TEST_SUITE("bad input") {
           muon.add_param_group(params);
           muon.enable_hsdp(comm, HsdpOptions{.name = "budget"});
           auto swapped = swap_muon(muon, SwapConfig{.min_numel = 1, .device_budget_bytes = 60000});
+          swapped->prefetch_early();  // as a trainer would: its plan fails on the owner too, quietly
           set_grads(params, 1);
           const std::string before = snapshot(muon, params, swapped.get());
           error = error_of([&] { swapped->step(); });

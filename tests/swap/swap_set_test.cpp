@@ -187,9 +187,12 @@ TEST_SUITE("swap") {
     const auto bad_muon_grad = [](const std::vector<ParamPtr>& p) {  // the member the set checks first
       p[1]->grad = Tensor::zeros({48, 31}, DType::f32, Device::cpu());
     };
-    const auto fails_alike = [&] {
+    const auto bad_adamw_grad = [](const std::vector<ParamPtr>& p) {  // the member it checks last
+      p[4]->grad = Tensor::zeros({31}, DType::f32, Device::cpu());
+    };
+    const auto fails_alike = [&](const std::string& prefix) {
       const std::string message = error_of([&] { bare.step(); });
-      CHECK(message.rfind("[Muon] grad of 'blocks.0.attn.weight'", 0) == 0);
+      CHECK(message.rfind(prefix, 0) == 0);
       CHECK(error_of([&] { t.set->step(); }) == message);
       for (const auto& [bare_half, swapped_half] :
            {std::pair<Optimizer*, Optimizer*>{&bare.muon(), &t.opt.muon()}, {&bare.adamw(), &t.opt.adamw()}}) {
@@ -202,13 +205,15 @@ TEST_SUITE("swap") {
     bare.step();
     t.set->step();
     both(2, bad_muon_grad);  // after a step: the schedules set the next step's lr
-    fails_alike();
+    fails_alike("[Muon] grad of 'blocks.0.attn.weight'");
     both(2, [](const std::vector<ParamPtr>& p) { static_cast<float*>(p[4]->grad.data_ptr())[0] = NAN; });
     bare.step();  // AdamW's grad: the whole step skips
     t.set->step();
     REQUIRE(t.set->last_step_skipped());
     both(3, bad_muon_grad);  // after a skipped step: the flags stay up
-    fails_alike();
+    fails_alike("[Muon] grad of 'blocks.0.attn.weight'");
+    both(3, bad_adamw_grad);  // Muon's member passes its checks first: its flag stays up too
+    fails_alike("[AdamW] grad of 'final_norm.weight'");
     CHECK(t.set->last_step_skipped());
   }
 
