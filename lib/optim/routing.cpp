@@ -1,6 +1,7 @@
 #include "swapopt/optim/routing.h"
 
 #include <algorithm>
+#include <array>
 #include <sstream>
 #include <unordered_set>
 
@@ -127,8 +128,8 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
 
 void MuonWithAdamW::step() {
   // Both halves scheduled and checked before either changes anything.
-  Optimizer* halves[] = {muon_.get(), adamw_.get()};
-  for (Optimizer* half : halves) half->check_unwrapped("step()");
+  const std::array<Optimizer*, 2> halves = this->halves();
+  check_halves_unwrapped("step()");
   for (Optimizer* half : halves) half->apply_schedule();
   for (Optimizer* half : halves) half->check_step();
   bool skip = false;  // a non-finite grad in either half skips both
@@ -147,36 +148,37 @@ const std::vector<std::string> kHalves = {"muon", "adamw"};
 
 std::string MuonWithAdamW::optimizer_names() const { return muon_->name() + "+" + adamw_->name(); }
 
+std::array<Optimizer*, 2> MuonWithAdamW::halves() { return {muon_.get(), adamw_.get()}; }
+
+void MuonWithAdamW::check_halves_unwrapped(const std::string& call) {
+  for (Optimizer* half : halves()) half->check_unwrapped(call);
+}
+
 StateDict MuonWithAdamW::state_dict() {
-  Optimizer* halves[] = {muon_.get(), adamw_.get()};
-  for (Optimizer* half : halves) half->check_unwrapped("state_dict()");
+  check_halves_unwrapped("state_dict()");
   return join_members<StateDict>(
-      kHalves, [&](size_t i) { return halves[i]->state_dict(); }, optimizer_names());
+      kHalves, [&](size_t i) { return halves()[i]->state_dict(); }, optimizer_names());
 }
 
 void MuonWithAdamW::load_from(const CheckpointReader& checkpoint) {
-  Optimizer* halves[] = {muon_.get(), adamw_.get()};
   load_members(kHalves, split_members(checkpoint, kHalves, optimizer_names()),
-               [&](size_t i, const CheckpointReader& part) { return halves[i]->prepare_device_load(part); });
+               [&](size_t i, const CheckpointReader& part) { return halves()[i]->prepare_device_load(part); });
 }
 
 void MuonWithAdamW::load_state_dict(const StateDict& state) {
-  for (Optimizer* half : {static_cast<Optimizer*>(muon_.get()), static_cast<Optimizer*>(adamw_.get())})
-    half->check_unwrapped("load_state_dict()");
+  check_halves_unwrapped("load_state_dict()");
   load_from(reader_of(state));
 }
 
 void MuonWithAdamW::save_checkpoint(const std::string& path) {
-  Optimizer* halves[] = {muon_.get(), adamw_.get()};
-  for (Optimizer* half : halves) half->check_unwrapped("save_checkpoint()");
+  check_halves_unwrapped("save_checkpoint()");
   write_checkpoint(join_members<CheckpointSource>(
-                       kHalves, [&](size_t i) { return halves[i]->checkpoint_source(); }, optimizer_names()),
+                       kHalves, [&](size_t i) { return halves()[i]->checkpoint_source(); }, optimizer_names()),
                    path);
 }
 
 void MuonWithAdamW::load_checkpoint(const std::string& path, const CheckpointReadOptions& options) {
-  for (Optimizer* half : {static_cast<Optimizer*>(muon_.get()), static_cast<Optimizer*>(adamw_.get())})
-    half->check_unwrapped("load_checkpoint()");
+  check_halves_unwrapped("load_checkpoint()");
   const CheckpointFile file(path, options);
   load_from(file.reader());
 }

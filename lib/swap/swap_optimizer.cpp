@@ -75,20 +75,17 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
   if (plan.skip) return plan;
   plan.units = adapter_->plan_units(false);
   runtime_.attach_slots(plan.units, optimizer());
-  if (!runtime_.config().device_budget_bytes) {  // no budget, no plan that fails
-    plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
-    return plan;
-  }
-  // A budget plan depends on the rank's own state and workspace (under HSDP the owner of a matrix
-  // holds its NS workspace): the ranks agree whether every plan fits before any of them starts the
-  // step's collectives, so that a plan failing on one rank fails the step on all, changing nothing.
   std::exception_ptr failure;
   try {
     plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
   } catch (...) {  // any failure, so that no rank leaves the others waiting in the vote
     failure = std::current_exception();
   }
-  const bool any_failed = optimizer().on_any_rank(failure != nullptr);
+  // A budget plan depends on the rank's own state and workspace (under HSDP the owner of a matrix
+  // holds its NS workspace): the ranks agree whether every plan fits before any of them starts the
+  // step's collectives, so that a plan failing on one rank fails the step on all, changing nothing.
+  // Without a budget no plan fails, and there is no vote.
+  const bool any_failed = runtime_.config().device_budget_bytes && optimizer().on_any_rank(failure != nullptr);
   if (failure) std::rethrow_exception(failure);
   SWAPOPT_CHECK(!any_failed, "[swap] device_budget_bytes "
                                  << *runtime_.config().device_budget_bytes

@@ -1,6 +1,7 @@
 #pragma once
 /** Splitting a model's parameters between Muon and AdamW the way trainers do, stepped together. */
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -115,6 +116,10 @@ class MuonWithAdamW {
   void load_checkpoint(const std::string& path, const CheckpointReadOptions& options = {});
 
  private:
+  /** Muon's half, then AdamW's: the order of a step and of a checkpoint's members. */
+  std::array<Optimizer*, 2> halves();
+  /** Throws the named error of a half that a SwapOptimizer wraps, for `call`. */
+  void check_halves_unwrapped(const std::string& call);
   /** "Muon+AdamW", the metadata's "optimizer" (as a swapped set of the two writes it). */
   std::string optimizer_names() const;
   /** Checks both halves' parts of `checkpoint`, then loads them. */
