@@ -1,30 +1,49 @@
 #include "swapopt/optim/hsdp_checkpoint.h"
 
+#include "json.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
+
+namespace {
+
+// A param's step crosses the all-reduce as two f32 (exact below 2^24 each): steps up to 2^44.
+constexpr int64_t kLowBits = 20;
+
+}  // namespace
 
 StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
   SWAPOPT_CHECK(muon.hsdp_enabled(), "[Muon] broadcast_state_to_replicas needs HSDP (call enable_hsdp)");
   const Device device = muon.device();  // where the communicators move data
   const std::string key = "momentum_buffer";
+  json::Value meta = json::parse(state.metadata);
+  json::Value& param_steps = meta.at("param_steps");
   for (const HsdpAssignment& a : muon.hsdp_schedule()) {
     if (!a.replicas) continue;
     const size_t n = a.params.size();
     std::vector<std::string> names(n);
-    std::vector<float> present(n, 0.f);
+    std::vector<float> steps(2 * n, 0.f);  // each owner's step of its params (0: never stepped, no state)
     for (size_t i = 0; i < n; ++i) {
       names[i] = muon.state_name(a.params[i], key);
-      if (a.owners[i] == a.local_coordinate && state.tensors.count(names[i]) != 0) present[i] = 1.f;
+      // An owner sends nothing for a tensor missing from `state` (no rank throws alone inside
+      // collectives): its own copy then fails to load, naming the param.
+      if (a.owners[i] != a.local_coordinate || state.tensors.count(names[i]) == 0) continue;
+      const int64_t step = json::get_int(param_steps.at(size_t(muon.param_index(a.params[i]))), "param_steps");
+      SWAPOPT_CHECK(step < (int64_t(1) << (24 + kLowBits)), "[Muon] broadcast_state_to_replicas: param '"
+                                                                << a.params[i]->name << "' has step " << step
+                                                                << ", beyond the 2^44 it can send");
+      steps[2 * i] = float(step >> kLowBits);
+      steps[2 * i + 1] = float(step & ((int64_t(1) << kLowBits) - 1));
     }
-    // Which owners have state (a param never stepped with a gradient has none).
-    Tensor flags = Tensor::from_floats(present, {int64_t(n)}).to(device);
+    Tensor flags = Tensor::from_floats(steps, {int64_t(2 * n)}).to(device);
     a.replicas->all_reduce(flags)->wait();
-    present = flags.to_float_vector();
+    steps = flags.to_float_vector();
+    std::vector<int64_t> step_of(n);
+    for (size_t i = 0; i < n; ++i) step_of[i] = (int64_t(steps[2 * i]) << kLowBits) + int64_t(steps[2 * i + 1]);
     std::vector<Tensor> buffers(n);
     std::vector<WorkPtr> works;
     for (size_t i = 0; i < n; ++i) {
-      if (present[i] == 0.f) continue;
+      if (step_of[i] == 0) continue;
       const Param& p = *a.params[i];
       buffers[i] = a.owners[i] == a.local_coordinate
                        ? state.tensors.at(names[i]).to(device)
@@ -32,9 +51,13 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
       works.push_back(a.replicas->broadcast(buffers[i], int(a.owners[i])));
     }
     wait_every(works);
-    for (size_t i = 0; i < n; ++i)
-      if (present[i] != 0.f && a.owners[i] != a.local_coordinate) state.tensors[names[i]] = buffers[i].to(Device::cpu());
+    for (size_t i = 0; i < n; ++i) {
+      if (step_of[i] == 0 || a.owners[i] == a.local_coordinate) continue;
+      state.tensors[names[i]] = buffers[i].to(Device::cpu());
+      param_steps.at(size_t(muon.param_index(a.params[i]))) = step_of[i];
+    }
   }
+  state.metadata = json::dump(meta, "the metadata");
   return state;
 }
 

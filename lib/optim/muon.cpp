@@ -156,6 +156,7 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
   const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
   ops::muon_momentum(stream_, range_of(param.grad), buffer, out_input.view({end - begin}), float(o.momentum),
                      float(o.m2()), o.nesterov);
+  if (begin == 0) state_[&param].step += 1;  // once per update, at its first chunk (as momentum_into counts)
 }
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
@@ -181,13 +182,14 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
                                                        << shape_str(out_inputs[i].shape()) << " elements, contiguous");
       ops::cast(stream_, updates[i].view(out_inputs[i].shape()), out_inputs[i]);
     }
-    return;
+  } else {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Param& p = *params[i];
+      ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), out_inputs[i].view(p.data.shape()), m1,
+                         m2, o.nesterov);
+    }
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Param& p = *params[i];
-    ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), out_inputs[i].view(p.data.shape()), m1, m2,
-                       o.nesterov);
-  }
+  for (const Param* p : params) state_[p].step += 1;  // a checkpoint's proof that this param has momentum
 }
 
 int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size, Device device) {

@@ -340,22 +340,23 @@ std::function<void()> Optimizer::prepare_load(
     keys_of[index].push_back(key);
     if (keeps_state(param)) entries.push_back({&param, key, &tensor});
   }
-  // A param holds all the state its group uses or none; with per-param steps, exactly when stepped.
+  // Muon files written before swapopt 0.4 hold 0 for every param step: a param with state is taken
+  // as stepped with its group (Muon's math reads no per-param step).
+  if (older_files_hold_no_param_steps() &&
+      std::all_of(param_steps.begin(), param_steps.end(), [](int64_t s) { return s == 0; }))
+    for (size_t i = 0; i < by_index.size(); ++i)
+      if (!keys_of[i].empty()) param_steps[i] = group_steps[group_of[i]];
+  // A param holds all the state its group uses or none, exactly when stepped.
   for (size_t i = 0; i < by_index.size(); ++i) {
     const std::string what = "[checkpoint] param " + std::to_string(i) + " ('" + by_index[i]->name + "')";
     if (!keys_of[i].empty())
       for (const std::string& key : options.group_state_keys[group_of[i]])
         SWAPOPT_CHECK(std::find(keys_of[i].begin(), keys_of[i].end(), key) != keys_of[i].end(),
                       what << " has '" << keys_of[i].front() << "' but not '" << key << "'");
-    if (counts_param_steps()) {
-      SWAPOPT_CHECK(keys_of[i].empty() == (param_steps[i] == 0),
-                    what << (keys_of[i].empty() ? " has no state but step " : " has state but step ") << param_steps[i]);
-      SWAPOPT_CHECK(param_steps[i] <= group_steps[group_of[i]],
-                    what << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
-    } else {
-      SWAPOPT_CHECK(param_steps[i] == 0, what << " has step " << param_steps[i] << ": " << name_
-                                              << " counts no steps per param (its files hold 0)");
-    }
+    SWAPOPT_CHECK(keys_of[i].empty() == (param_steps[i] == 0),
+                  what << (keys_of[i].empty() ? " has no state but step " : " has state but step ") << param_steps[i]);
+    SWAPOPT_CHECK(param_steps[i] <= group_steps[group_of[i]],
+                  what << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
   }
   std::function<void()> apply_options = options.apply;
   return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {

@@ -288,6 +288,13 @@ void hsdp(const std::shared_ptr<Communicator>& comm, int64_t replicas, int64_t s
     const Tensor expected = local_of(ref.state().at(ref_params[i].get()).tensors.at("momentum_buffer"), specs[i], *mesh);
     expect(it != full.tensors.end() && same(it->second, expected), "full state of " + specs[i].name + " is the reference's");
   }
+  // ... and each param's step from its owner (the proof, on load, that its momentum is there).
+  const auto param_steps = [](const std::string& metadata) {
+    const size_t at = metadata.find("\"param_steps\":");
+    return at == std::string::npos ? std::string() : metadata.substr(at, metadata.find(']', at) - at);
+  };
+  expect(!param_steps(full.metadata).empty() && param_steps(full.metadata) == param_steps(ref.state_dict().metadata),
+         "full param steps are the reference's");
   expect(serialize_state_dict(broadcast_state_to_replicas(inner, swapped->state_dict())) == serialize_state_dict(full),
          "the swapped optimizer's full state equals the bare one's");
 

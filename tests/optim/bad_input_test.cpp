@@ -291,9 +291,14 @@ TEST_SUITE("bad input") {
         {"a param step beyond its group's", true,
          [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[2,", "\"param_steps\":[9,"); },
          "[checkpoint] param 0 ('w0') has step 9, beyond its group's 2"},
-        {"a per-param step in a Muon file", false,
-         [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[0,", "\"param_steps\":[7,"); },
-         "[checkpoint] param 0 ('w0') has step 7: Muon counts no steps per param (its files hold 0)"},
+        {"a missing momentum tensor", false, [](StateDict& s) { s.tensors.erase("state.1.momentum_buffer"); },
+         "[checkpoint] param 1 ('w1') has no state but step 2"},
+        {"a Muon param step beyond its group's", false,
+         [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[2,2,2]", "\"param_steps\":[2,3,2]"); },
+         "[checkpoint] param 1 ('w1') has step 3, beyond its group's 2"},
+        {"a Muon param with state and step 0 among counted ones", false,
+         [](StateDict& s) { replace_once(s.metadata, "\"param_steps\":[2,2,2]", "\"param_steps\":[2,0,2]"); },
+         "[checkpoint] param 1 ('w1') has state but step 0"},
         {"Muon state under an AdamW key", false,
          [](StateDict& s) { s.tensors.emplace("state.0.exp_avg", s.tensors.at("state.0.momentum_buffer").clone()); },
          "[checkpoint] tensor 'state.0.exp_avg': 'exp_avg' is not Muon state"},
@@ -311,6 +316,21 @@ TEST_SUITE("bad input") {
         CHECK(error_of([&] { s.load(state); }) == bad.message);
         CHECK(s.snap() == before);
       }
+  }
+
+  TEST_CASE(
+      "a Muon file from before swapopt 0.4 (every param step 0) loads, each param with state stepped with its group") {
+    for (bool swap : {false, true}) {
+      Subject s(false, swap), resumed(false, swap);
+      CAPTURE(s.name());
+      const StateDict counted = s.state_dict();
+      StateDict legacy = counted;
+      replace_once(legacy.metadata, "\"param_steps\":[2,2,2]", "\"param_steps\":[0,0,0]");
+      set_grads(resumed.params, 3);
+      resumed.step();
+      resumed.load(legacy);
+      CHECK(serialize_state_dict(resumed.state_dict()) == serialize_state_dict(counted));
+    }
   }
 
   TEST_CASE("file corruption: payload and header byte flips fail their checksums") {

@@ -85,7 +85,6 @@ class AdamW : public Optimizer {
   void run_step() override;
   std::string group_options_json(size_t group) const override;
   PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
-  bool counts_param_steps() const override { return true; }
 
  private:
   /** Throws unless `options`' amsgrad matches the state group `group`'s params already have. */

@@ -236,6 +236,7 @@ class Muon : public Optimizer {
    *  params with grads (update_assignment, finish_assignment); finish_hsdp_step before step()
    *  returns, abandon_hsdp_step when an assignment throws. */
   void run_step() override;
+  bool older_files_hold_no_param_steps() const override { return true; }
 
   std::string group_options_json(size_t group) const override;
   PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;

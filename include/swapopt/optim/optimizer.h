@@ -27,14 +27,13 @@ struct ParamGroup {
   int64_t step = 0;
 };
 
-/** Named state tensors of one parameter (e.g. "momentum_buffer"), and a per-parameter step count
- *  for optimizers that keep one (AdamW's bias correction). */
+/** Named state tensors of one parameter (e.g. "momentum_buffer") and the number of its updates. */
 struct ParamState {
   /** State tensors by key, on the optimizer's device in state_dtype(); under swap, shells whose
    *  bytes live in the host mirrors between steps. */
   std::map<std::string, Tensor> tensors;
-  /** Updates of this param (AdamW's bias-correction step, advanced by update_param); Muon leaves
-   *  it 0. */
+  /** Updates of this param (AdamW's bias-correction step; Muon's momentum updates): positive
+   *  exactly when it has state, which is how a checkpoint missing a state tensor is caught. */
   int64_t step = 0;
 };
 
@@ -198,9 +197,10 @@ class Optimizer {
   /** Parses and checks every group's options JSON as the constructor would (throws, changing
    *  nothing, if any options are bad). */
   virtual PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) = 0;
-  /** Whether ParamState::step counts this optimizer's updates of a param (AdamW): then a
-   *  checkpoint's param holds state exactly when its step is positive. */
-  virtual bool counts_param_steps() const { return false; }
+  /** Whether this optimizer's files written before swapopt 0.4 hold 0 for every param step (Muon
+   *  counted none then): such a file loads, each param with state taking its group's step. Since,
+   *  a checkpoint's param holds state exactly when its step is positive. */
+  virtual bool older_files_hold_no_param_steps() const { return false; }
   /** Checks a new group's parameters (throws naming the parameter). */
   void add_group(std::vector<ParamPtr> params);
   /** Checks `param`'s grad (defined) against its data: same shape, contiguous, on this device, not
