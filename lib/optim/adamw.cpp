@@ -189,11 +189,7 @@ Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::s
     o.eps = number("eps");
     o.weight_decay = number("weight_decay");
     o.amsgrad = json::get_bool(json::member(v, "amsgrad", w), "amsgrad");
-    try {
-      o.validate();
-    } catch (const Error& e) {
-      SWAPOPT_FAIL("[checkpoint] group " << parsed.size() << ": " << e.what());
-    }
+    validate_checkpoint_group(o, parsed.size());
     parsed.push_back(o);
     prepared.group_state_keys.push_back(keys_for(o));
   }

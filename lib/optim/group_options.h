@@ -43,6 +43,17 @@ void validate_group(const Options& options, size_t group, const std::string& opt
   }
 }
 
+/** Validates options read from a checkpoint's group `group`, naming both in the error:
+ *  "[checkpoint] group 1: [AdamW] beta1 ...". */
+template <typename Options>
+void validate_checkpoint_group(const Options& options, size_t group) {
+  try {
+    options.validate();
+  } catch (const Error& e) {
+    SWAPOPT_FAIL("[checkpoint] group " << group << ": " << e.what());
+  }
+}
+
 /** Sets every group's lr, each validated before any changes. */
 template <typename Options>
 void set_every_lr(std::vector<Options>& all, double lr) {

@@ -377,11 +377,7 @@ Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::st
     if (!field("ns_dtype").is_null()) o.ns_dtype = dtype_from_name(string("ns_dtype"));
     o.max_batch_elements = json::get_int(field("max_batch_elements"), "max_batch_elements");
     o.min_batch_size = json::get_int(field("min_batch_size"), "min_batch_size");
-    try {
-      o.validate();
-    } catch (const Error& e) {
-      SWAPOPT_FAIL("[checkpoint] group " << parsed.size() << ": " << e.what());
-    }
+    validate_checkpoint_group(o, parsed.size());
     parsed.push_back(std::move(o));
   }
   return {[this, parsed] { options_ = parsed; }, std::vector<std::vector<std::string>>(parsed.size(), state_keys())};
