@@ -142,7 +142,7 @@ void AdamW::set_options(size_t group, const AdamWOptions& options) {
                     [&](const AdamWOptions& o) { check_amsgrad_fits_state(group, o); });
 }
 
-void AdamW::set_lr(double lr) { set_every_lr(options_, lr); }
+void AdamW::set_lr(double lr) { set_every_lr(options_, lr, name_); }
 
 void AdamW::validate_options() const {
   for (size_t g = 0; g < options_.size(); ++g) {

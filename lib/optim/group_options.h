@@ -54,13 +54,17 @@ void validate_checkpoint_group(const Options& options, size_t group) {
   }
 }
 
-/** Sets every group's lr, each validated before any changes. */
+/** Sets every group's lr, each group validated before any changes: a bad lr is named as the
+ *  options name it ("[AdamW] lr must be ..."), another bad option with its group. */
 template <typename Options>
-void set_every_lr(std::vector<Options>& all, double lr) {
+void set_every_lr(std::vector<Options>& all, double lr, const std::string& optimizer) {
+  Options alone;  // the defaults are valid: only the lr can fail here
+  alone.lr = lr;
+  alone.validate();
   std::vector<Options> changed = all;
-  for (Options& o : changed) {
-    o.lr = lr;
-    o.validate();
+  for (size_t g = 0; g < changed.size(); ++g) {
+    changed[g].lr = lr;
+    validate_group(changed[g], g, optimizer);
   }
   all = std::move(changed);
 }

@@ -272,7 +272,7 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params, const 
 
 void Muon::set_options(size_t group, const MuonOptions& options) { set_group_options(options_, group, options, name_); }
 
-void Muon::set_lr(double lr) { set_every_lr(options_, lr); }
+void Muon::set_lr(double lr) { set_every_lr(options_, lr, name_); }
 
 void Muon::validate_options() const {
   for (size_t g = 0; g < options_.size(); ++g) validate_group(options_[g], g, name_);

@@ -167,10 +167,43 @@ SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {
   SWAPOPT_FAIL("[swap] no member '" << name << "' in the set");
 }
 
+namespace {
+
+/** `keys` joined as "a, b". */
+std::string key_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config) {
+  SwapConfig muon_config = config, adamw_config = config;
+  if (config.state_keys) {
+    // Each half swaps the listed keys of its own family; a half none are listed for swaps nothing.
+    config.validate();
+    const std::vector<std::string> muon_keys = opt.muon().state_keys(), adamw_keys = opt.adamw().state_keys();
+    muon_config.state_keys.emplace();
+    adamw_config.state_keys.emplace();
+    std::vector<std::string> neither;
+    for (const std::string& key : *config.state_keys) {
+      if (std::find(muon_keys.begin(), muon_keys.end(), key) != muon_keys.end()) {
+        muon_config.state_keys->push_back(key);
+      } else if (std::find(adamw_keys.begin(), adamw_keys.end(), key) != adamw_keys.end()) {
+        adamw_config.state_keys->push_back(key);
+      } else {
+        neither.push_back(key);
+      }
+    }
+    SWAPOPT_CHECK(neither.empty(), "[swap] state keys ["
+                                       << key_list(neither) << "] are neither Muon nor AdamW state; Muon "
+                                       << "swaps [" << key_list(muon_keys) << "], AdamW [" << key_list(adamw_keys)
+                                       << "]");
+  }
   std::vector<SwapOptimizerSet::Member> members;
-  members.emplace_back("muon", swap_muon(opt.muon(), config));
-  members.emplace_back("adamw", swap_adamw(opt.adamw(), config));
+  members.emplace_back("muon", swap_muon(opt.muon(), muon_config));
+  members.emplace_back("adamw", swap_adamw(opt.adamw(), adamw_config));
   return std::make_unique<SwapOptimizerSet>(std::move(members));
 }
 

@@ -117,4 +117,15 @@ TEST_CASE("set_lr and set_options validate at once and change nothing on a bad v
   wrong.momentum = 1.5;
   CHECK(error_of([&] { muon.set_options(0, wrong); }) == "[Muon] momentum must be in [0, 1), got 1.5");
   CHECK(muon.options(0).momentum == MuonOptions().momentum);
+
+  // A good lr meeting another bad option (set through mutable_options) names that option's group.
+  muon.add_param_group({params[2]});
+  muon.mutable_options(1).ns_steps = 0;
+  CHECK(error_of([&] { muon.set_lr(0.01); }) == "[Muon] group 1: ns_steps must be >= 1, got 0");
+  CHECK(error_of([&] { muon.set_lr(-1.0); }) == "[Muon] lr must be finite and >= 0, got -1");
+  CHECK(muon.lr(0) == MuonOptions().lr);
+  CHECK(muon.lr(1) == MuonOptions().lr);
+  adamw.mutable_options(1).beta1 = 1.5;
+  CHECK(error_of([&] { adamw.set_lr(0.01); }) == "[AdamW] group 1: beta1 must be in [0, 1), got 1.5");
+  CHECK(adamw.lr(0) == 2e-3);
 }

@@ -172,3 +172,47 @@ TEST_CASE("step() returns before its work runs (asynchronous), and synchronize()
   CHECK(adamw.params_updated().query());
   CHECK_FALSE(test::same_bits(params[0]->data, before));
 }
+
+TEST_CASE("a failed backward on the trainer's stream reaches the step through the event it waits on") {
+  const Device cpu = Device::cpu();
+  for (bool swap : {false, true})
+    for (bool skip_nonfinite : {false, true}) {
+      CAPTURE(swap);
+      CAPTURE(skip_nonfinite);
+      Stream opt_stream(cpu), trainer(cpu);
+      std::vector<ParamPtr> params = {make_param("blocks.0.w", test::random_tensor({16, 8}, DType::f32, 5)),
+                                      make_param("blocks.0.norm", test::random_tensor({8}, DType::f32, 6))};
+      MuonWithAdamW opt(opt_stream, params);
+      SwapConfig config;
+      config.min_numel = 1;
+      std::unique_ptr<SwapOptimizerSet> swapped = swap ? swap_muon_with_adamw(opt, config) : nullptr;
+      opt.muon().set_skip_nonfinite(skip_nonfinite);
+      opt.adamw().set_skip_nonfinite(skip_nonfinite);
+      for (const ParamPtr& p : params) p->grad = test::random_tensor(p->data.shape(), DType::f32, 7);
+      swapped ? swapped->step() : opt.step();
+      const StateDict checkpoint = swapped ? swapped->state_dict() : opt.state_dict();
+      const std::vector<Tensor> before = {params[0]->data.clone(), params[1]->data.clone()};
+      // The backward fails on the trainer's stream; the grad writes queued behind it never run.
+      trainer.enqueue([] { throw Error("backward failed"); });
+      for (const ParamPtr& p : params) {
+        Tensor g = p->grad;
+        trainer.enqueue([g] { std::memset(g.data_ptr(), 0, g.nbytes()); });
+      }
+      Event backward_done(cpu);
+      backward_done.record(trainer);
+      opt_stream.wait(backward_done);
+      if (skip_nonfinite) {  // the grads check reads the stream first: the error, nothing changed
+        CHECK_THROWS_WITH_AS(swapped ? swapped->step() : opt.step(), "backward failed", Error);
+      } else {  // the step's work is skipped behind the failure; synchronize reports it
+        swapped ? swapped->step() : opt.step();
+        CHECK_THROWS_WITH_AS(swapped ? swapped->synchronize() : opt.synchronize(), "backward failed", Error);
+      }
+      CHECK_NOTHROW(trainer.synchronize());  // one failure, reported once
+      for (size_t i = 0; i < params.size(); ++i) CHECK(test::same_bits(params[i]->data, before[i]));
+      // The error was reported once: the checkpoint reloads and training goes on.
+      swapped ? swapped->load_state_dict(checkpoint) : opt.load_state_dict(checkpoint);
+      swapped ? swapped->step() : opt.step();
+      swapped ? swapped->synchronize() : opt.synchronize();
+      CHECK_FALSE(test::same_bits(params[0]->data, before[0]));
+    }
+}

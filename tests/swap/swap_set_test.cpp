@@ -125,6 +125,49 @@ TEST_SUITE("swap") {
     std::remove(path.c_str());
   }
 
+  TEST_CASE(
+      "swap_muon_with_adamw splits state_keys by family: each half swaps its listed keys, bitwise the bare step") {
+    const std::vector<std::vector<std::string>> choices = {
+        {"momentum_buffer"}, {"exp_avg_sq"}, {"momentum_buffer", "exp_avg"}, {}};
+    for (const std::vector<std::string>& keys : choices) {
+      CAPTURE(keys.size());
+      auto bare_params = model(), swap_params = model();
+      MuonWithAdamW bare(Stream(Device::cpu()), bare_params), inner(Stream(Device::cpu()), swap_params);
+      SwapConfig config = small_config();
+      config.state_keys = keys;
+      auto set = swap_muon_with_adamw(inner, config);
+      for (uint32_t step = 1; step <= 3; ++step) {
+        set_grads(bare_params, step);
+        set_grads(swap_params, step);
+        bare.step();
+        set->step();
+      }
+      bare.synchronize();
+      set->synchronize();
+      for (size_t i = 0; i < bare_params.size(); ++i)
+        CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
+      CHECK(serialize_state_dict(set->state_dict()) == serialize_state_dict(bare.state_dict()));
+      // A half none of whose keys is listed swaps nothing; the other swaps its listed keys only.
+      const bool muon_listed = std::find(keys.begin(), keys.end(), "momentum_buffer") != keys.end();
+      const int64_t adamw_listed = int64_t(keys.size()) - (muon_listed ? 1 : 0);
+      CHECK(set->member("muon").last_report().swapped_slots == (muon_listed ? 2 : 0));  // two matrices
+      CHECK(set->member("adamw").last_report().swapped_slots == 3 * adamw_listed);      // the embedding, two vectors
+    }
+    auto params = model();
+    MuonWithAdamW opt(Stream(Device::cpu()), params);
+    SwapConfig config;
+    config.state_keys = std::vector<std::string>{"exp_avg", "velocity"};
+    CHECK(
+        error_of([&] { swap_muon_with_adamw(opt, config); }) ==
+        "[swap] state keys [velocity] are neither Muon nor AdamW state; Muon swaps [momentum_buffer], AdamW [exp_avg, "
+        "exp_avg_sq, max_exp_avg_sq]");
+    config.state_keys = std::vector<std::string>{"exp_avg", "exp_avg"};
+    CHECK(error_of([&] { swap_muon_with_adamw(opt, config); }) ==
+          "[swap] state key 'exp_avg' is listed twice in state_keys");
+    CHECK_FALSE(opt.muon().wrapped());
+    CHECK_FALSE(opt.adamw().wrapped());
+  }
+
   TEST_CASE("SwapOptimizerSet: the state dict names each member's tensors, and its metadata lists the members") {
     Trained t;
     set_grads(t.params, 1);

@@ -92,7 +92,10 @@ class SwapOptimizerSet {
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 };
 
-/** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw". */
+/** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw",
+ *  each with `config`. `config.state_keys`, when set, is split by family: each half swaps the
+ *  listed keys of its own ({"momentum_buffer"} swaps Muon's momentum and no AdamW moment, which
+ *  then stays on the device); a key of neither family is an error. */
 std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config = {});
 
 }  // namespace swapopt
