@@ -127,7 +127,10 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& out_c, fl
   }
 }
 
-void scale(Stream& stream, const Tensor& x, float alpha) { axpby(stream, alpha, x, 0.f, x); }
+void scale(Stream& stream, const Tensor& x, float alpha) {
+  check_elementwise(stream, x, x, "scale");  // its errors named as the caller wrote it
+  axpby(stream, alpha, x, 0.f, x);
+}
 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& out_y) {
   check_elementwise(stream, x, out_y, "axpby");

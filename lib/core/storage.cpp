@@ -6,15 +6,27 @@
 
 namespace swapopt {
 
+namespace {
+
+/** `device`, refused if no such device can exist ("cpu" is index 0; CUDA ordinals are >= 0). */
+Device checked(Device device) {
+  SWAPOPT_CHECK(device.is_cpu() ? device.index == 0 : device.index >= 0,
+                "[Tensor] no device " << (device.is_cpu() ? "cpu" : "cuda") << " index " << device.index
+                                      << (device.is_cpu() ? " (the CPU is Device::cpu(), index 0)" : ""));
+  return device;
+}
+
+}  // namespace
+
 Storage::Storage(size_t nbytes, Device device, Allocator& allocator, Stream* stream)
-    : nbytes_(nbytes), device_(device), allocator_(&allocator) {
+    : nbytes_(nbytes), device_(checked(device)), allocator_(&allocator) {
   // CPU storages never keep a stream: a CPU stream's worker may be the last holder of a storage,
   // and must not end up owning (and joining) itself.
   if (stream != nullptr && device.is_cuda()) stream_ = *stream;
   ptr_ = allocator_->allocate(nbytes_, stream);
 }
 
-Storage::Storage(void* ptr, size_t nbytes, Device device) : ptr_(ptr), nbytes_(nbytes), device_(device) {}
+Storage::Storage(void* ptr, size_t nbytes, Device device) : ptr_(ptr), nbytes_(nbytes), device_(checked(device)) {}
 
 Storage::~Storage() {
   if (allocator_ != nullptr && ptr_ != nullptr && !bound_) allocator_->deallocate(ptr_, nbytes_, stream_ ? &*stream_ : nullptr);

@@ -11,8 +11,10 @@ namespace swapopt {
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
   SWAPOPT_CHECK(std::isfinite(max_norm) && max_norm > 0, "[clip_grad_norm] max_norm must be finite and > 0, got " << max_norm);
   std::vector<const Param*> with_grad;
-  for (const ParamPtr& p : params)
+  for (const ParamPtr& p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[clip_grad_norm] null parameter");
     if (p->has_grad()) with_grad.push_back(p.get());
+  }
   // One Frobenius norm per grad, on the stream, then the weighted sum of their squares on the host.
   const Tensor norms = Tensor::empty({int64_t(with_grad.size())}, DType::f32, stream.device(), &stream);
   for (size_t i = 0; i < with_grad.size(); ++i) {

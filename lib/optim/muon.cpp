@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "group_options.h"
 #include "json.h"
@@ -55,6 +56,11 @@ void Muon::add_param_group(std::vector<ParamPtr> params, MuonOptions options) {
     SWAPOPT_CHECK(p->data.defined(), "[Muon] parameter '" << p->name << "' must be a defined contiguous tensor");
     SWAPOPT_CHECK(p->data.dim() >= 2, "[Muon] " << p->data.dim() << "-D parameter '" << p->name << "' (shape "
                                                 << shape_str(p->data.shape()) << ") cannot use Muon");
+    SWAPOPT_CHECK(!(hsdp_enabled() && p->layout), "[Muon] parameter '"
+                                                      << p->name
+                                                      << "' has a DTensor layout but HSDP is already "
+                                                         "enabled: enable_hsdp plans the HSDP schedule from "
+                                                         "the groups it sees (add every group before it)");
   }
   add_group(std::move(params));
   options_.push_back(std::move(options));
@@ -362,7 +368,8 @@ Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::st
     if (!field("momentum2").is_null()) o.momentum2 = number("momentum2");
     o.nesterov = json::get_bool(field("nesterov"), "nesterov");
     const int64_t steps = json::get_int(field("ns_steps"), "ns_steps");
-    SWAPOPT_CHECK(steps >= 1 && steps <= 1000, "[Muon] ns_steps must be >= 1, got " << steps);
+    SWAPOPT_CHECK(steps >= 1, "[Muon] ns_steps must be >= 1, got " << steps);
+    SWAPOPT_CHECK(steps <= std::numeric_limits<int>::max(), "[Muon] ns_steps must fit an int, got " << steps);
     o.ns_steps = int(steps);
     o.ns_variant = string("ns_variant");
     for (const json::Value& triple : json::get_array(field("ns_coefficients"), "ns_coefficients")) {

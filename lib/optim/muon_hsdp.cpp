@@ -58,6 +58,11 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   for (const ParamGroup& g : groups_)
     for (const ParamPtr& p : g.params) {
       if (!p->layout) continue;
+      SWAPOPT_CHECK(p->data.shape() == p->layout->to_local().shape(),
+                    "[Muon] enable_hsdp: parameter '" << p->name << "' holds " << shape_str(p->data.shape())
+                                                      << " but its layout's local shard is "
+                                                      << shape_str(p->layout->to_local().shape())
+                                                      << " (data must be the shard its layout describes)");
       if (first == nullptr) first = p.get();
       SWAPOPT_CHECK(p->layout->mesh().shape() == first->layout->mesh().shape(),
                     "[Muon] enable_hsdp: parameter '" << p->name << "' is on a mesh of shape "

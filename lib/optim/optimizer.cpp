@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -287,6 +288,8 @@ std::function<void()> Optimizer::prepare_load(
     for (const ParamPtr& p : groups_[g].params) by_index.push_back(p.get());
     const int64_t step = json::get_int(json::member(groups[g], "step", what), what + ".step");
     SWAPOPT_CHECK(step >= 0, "[checkpoint] group " << g << " has negative step " << step);
+    SWAPOPT_CHECK(step < std::numeric_limits<int64_t>::max(),
+                  "[checkpoint] group " << g << " has step " << step << ": no step can follow it");
     group_steps.push_back(step);
     options_json.push_back(json::member(groups[g], "options", what).dump());
   }

@@ -85,6 +85,7 @@ std::string routing_report(const std::vector<RoutingDecision>& decisions) {
 RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRules& rules) {
   RoutedParams out;
   for (const ParamPtr& p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[routing] null parameter");
     Route route = Route::muon;
     std::string why = "no rule matched";
     for (const RoutingRule& rule : rules.rules)

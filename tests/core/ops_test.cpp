@@ -231,5 +231,5 @@ TEST_CASE("ops reject bad arguments with the operation and the values") {
   s.synchronize();
   Tensor shell = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
   shell.storage()->release();
-  CHECK_THROWS_WITH_AS(ops::scale(s, shell, 2.f), "[axpby] x Tensor(f32, [3, 4], cpu) has released storage", Error);
+  CHECK_THROWS_WITH_AS(ops::scale(s, shell, 2.f), "[scale] x Tensor(f32, [3, 4], cpu) has released storage", Error);
 }

@@ -60,6 +60,14 @@ TEST_CASE("sizes that overflow an int64 are named errors, never a view outside i
                        "[Tensor::from_blob] strides [4611686018427387903, 1] for shape [2, 2] are too large", Error);
 }
 
+TEST_CASE("a device that cannot exist is a named error") {
+  CHECK_THROWS_WITH_AS(Tensor::empty({2, 3}, DType::f32, Device{DeviceType::cpu, 1}),
+                       "[Tensor] no device cpu index 1 (the CPU is Device::cpu(), index 0)", Error);
+  float blob[4] = {};
+  CHECK_THROWS_WITH_AS(Tensor::from_blob(blob, {4}, DType::f32, Device{DeviceType::cuda, -1}),
+                       "[Tensor] no device cuda index -1", Error);
+}
+
 TEST_CASE("release and restore are seen by every view of a storage") {
   const MemoryStats before = memory_stats(Device::cpu());
   Tensor t = Tensor::zeros({1024}, DType::f32, Device::cpu());

@@ -120,6 +120,11 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   const size_t at = missing_option.metadata.find("\"lr\":");
   missing_option.metadata.replace(at, 4, "\"xx\"");
   expect_rejected(missing_option, "[Muon] unknown option 'xx'");
+  StateDict huge_steps = good;
+  const size_t ns = huge_steps.metadata.find("\"ns_steps\":5");
+  REQUIRE(ns != std::string::npos);
+  huge_steps.metadata.replace(ns, 12, "\"ns_steps\":4294967301");
+  expect_rejected(huge_steps, "[Muon] ns_steps must fit an int, got 4294967301");
   StateDict other = opt.adamw().state_dict();
   expect_rejected(other, "[checkpoint] holds AdamW state, this optimizer is Muon");
   StateDict bad_option = good;

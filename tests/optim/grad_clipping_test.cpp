@@ -66,6 +66,9 @@ TEST_CASE("clip_grad_norm: the global L2 norm, grads scaled by max_norm / (norm 
   s.synchronize();
   CHECK(serialize_state_dict({{{"w", bad[0]->grad}}, "{}"}) == kept);
   CHECK(test::error_of([&] { clip_grad_norm(params, 0.0, s); }) == "[clip_grad_norm] max_norm must be finite and > 0, got 0");
+  std::vector<ParamPtr> with_null = params;
+  with_null.push_back(nullptr);
+  CHECK(test::error_of([&] { clip_grad_norm(with_null, 1.0, s); }) == "[clip_grad_norm] null parameter");
 }
 
 TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the single-process norm, each element counted once") {

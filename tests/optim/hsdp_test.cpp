@@ -212,6 +212,27 @@ TEST_CASE("HSDP errors are named") {
   auto twice = muon_on({mesh11});
   twice->enable_hsdp(solo);
   CHECK_THROWS_WITH_AS(twice->enable_hsdp(solo), "[Muon] HSDP is already enabled", Error);
+  // A laid-out param added after enable_hsdp would be in no assignment, never stepped: refused.
+  ParamPtr late = matrix("late", 4, 4, 7);
+  late->layout = DTensor(late->data, {4, 4}, mesh11, replicated);
+  CHECK_THROWS_WITH_AS(
+      twice->add_param_group({late}),
+      "[Muon] parameter 'late' has a DTensor layout but HSDP is already enabled: enable_hsdp plans the "
+      "HSDP schedule from the groups it sees (add every group before it)",
+      Error);
+  CHECK(twice->param_groups().size() == 1);
+  twice->add_param_group({matrix("local", 4, 4, 8)});  // without a layout: stepped locally
+  // A param's data must be the shard its layout describes.
+  ParamPtr half = matrix("half", 2, 4, 9);
+  half->layout = DTensor(test::random_tensor({4, 4}, DType::f32, 10), {4, 4}, mesh11, replicated);
+  Muon mismatched(Stream(Device::cpu()));
+  mismatched.add_param_group({half});
+  CHECK_THROWS_WITH_AS(
+      mismatched.enable_hsdp(solo),
+      "[Muon] enable_hsdp: parameter 'half' holds [2, 4] but its layout's local shard is [4, 4] (data must "
+      "be the shard its layout describes)",
+      Error);
+  CHECK_FALSE(mismatched.hsdp_enabled());
 
   // A shard stepped without HSDP would be orthogonalised on its own: refused.
   ParamPtr shard = matrix("s", 4, 4, 5);

@@ -63,6 +63,7 @@ TEST_CASE("custom rules: checked first to last, on names and shapes; a 1-D param
   everything_to_muon.rules = {RoutingRule{"everything", [](const Param&) { return true; }, Route::muon}};
   CHECK(error_of([&] { route_params({param("ln.weight", {768})}, everything_to_muon); }) ==
         "[routing] 'ln.weight' (shape [768]) would go to Muon (everything), which needs 2 or more dims: route it with a rule");
+  CHECK(error_of([&] { route_params({param("w", {4, 4}), nullptr}); }) == "[routing] null parameter");
 }
 
 TEST_CASE("MuonWithAdamW refuses across its halves what each optimizer refuses within itself") {
