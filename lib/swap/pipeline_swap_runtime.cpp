@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -410,6 +411,10 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   // A unit that does not fit whole is chunked; the others may be, largest state first, when no
   // plan of whole units fits between the chunked ones.
   std::vector<size_t> candidates;
+  // A unit no plan can run: the error names the one needing the largest budget (so that budget
+  // is the least one to try), with its first param.
+  const UpdateUnit* too_large = nullptr;
+  size_t too_large_needs = 0;
   for (size_t i = 0; i < units.size(); ++i) {
     UpdateUnit& u = units[i];
     const size_t bytes = state_bytes(u);
@@ -417,15 +422,31 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
       if (u.chunkable && bytes > 0) candidates.push_back(i);
       continue;
     }
-    SWAPOPT_CHECK(u.chunkable, "[swap] device_budget_bytes " << budget << " is below an update unit that cannot run in chunks: "
-                                                             << bytes << " bytes of state + " << u.workspace_bytes
-                                                             << " bytes of workspace");
-    u.chunk_elements = largest_chunk(u, budget);
-    SWAPOPT_CHECK(u.chunk_elements > 0, "[swap] device_budget_bytes "
-                                            << budget << " is below an update unit even in chunks: " << u.workspace_bytes
-                                            << " bytes of workspace + " << chunk_arena_bytes(u, kChunkQuantum)
-                                            << " bytes for two chunks of " << kChunkQuantum << " elements of its "
-                                            << bytes << " bytes of state");
+    if (u.chunkable) u.chunk_elements = largest_chunk(u, budget);
+    if (u.chunk_elements > 0) continue;
+    const size_t needs = size_t(u.workspace_bytes) + (u.chunkable ? chunk_arena_bytes(u, kChunkQuantum) : bytes);
+    if (too_large == nullptr || needs > too_large_needs) {
+      too_large = &u;
+      too_large_needs = needs;
+    }
+  }
+  if (too_large != nullptr) {
+    const UpdateUnit& u = *too_large;
+    std::ostringstream which;
+    if (!u.params.empty()) {
+      which << " (the unit of '" << u.params.front()->name << "'";
+      if (u.params.size() > 1)
+        which << " and " << (u.params.size() - 1) << " more param" << (u.params.size() > 2 ? "s" : "");
+      which << "; no budget below " << too_large_needs << " bytes runs it)";
+    }
+    SWAPOPT_CHECK(u.chunkable, "[swap] device_budget_bytes "
+                                   << budget << " is below an update unit that cannot run in chunks: " << state_bytes(u)
+                                   << " bytes of state + " << u.workspace_bytes << " bytes of workspace"
+                                   << which.str());
+    SWAPOPT_FAIL("[swap] device_budget_bytes "
+                 << budget << " is below an update unit even in chunks: " << u.workspace_bytes
+                 << " bytes of workspace + " << chunk_arena_bytes(u, kChunkQuantum) << " bytes for two chunks of "
+                 << kChunkQuantum << " elements of its " << state_bytes(u) << " bytes of state" << which.str());
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](size_t a, size_t b) { return state_bytes(units[a]) > state_bytes(units[b]); });

@@ -208,18 +208,25 @@ TEST_SUITE("swap") {
     set_grads(params, 1);
     std::vector<UpdateUnit> units = swapped->adapter().plan_units(false);
     swapped->runtime().attach_slots(units, swapped->optimizer(), true);
-    const UpdateUnit& first = units.front();  // "embed": one f32 matrix, one state
+    // Named: the unit needing the largest budget (the largest workspace here: every unit's two
+    // chunks of 32 elements take at most 256 bytes), "experts", a param alone in its unit.
+    const UpdateUnit& worst = *std::max_element(
+        units.begin(), units.end(),
+        [](const UpdateUnit& a, const UpdateUnit& b) { return a.workspace_bytes < b.workspace_bytes; });
+    REQUIRE(worst.params.size() == 1);
     size_t bytes = 0;
-    for (const SwapSlot* s : first.slots) bytes += s->nbytes();
+    for (const SwapSlot* s : worst.slots) bytes += s->nbytes();
     const std::string before = serialize_state_dict(swapped->state_dict());
     std::vector<Tensor> data;
     for (const ParamPtr& p : params) data.push_back(p->data.clone());
-    CHECK_THROWS_WITH_AS(swapped->step(),
-                         ("[swap] device_budget_bytes 2000 is below an update unit even in chunks: " +
-                          std::to_string(first.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
-                          "elements of its " + std::to_string(bytes) + " bytes of state")
-                             .c_str(),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        swapped->step(),
+        ("[swap] device_budget_bytes 2000 is below an update unit even in chunks: " +
+         std::to_string(worst.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
+         "elements of its " + std::to_string(bytes) + " bytes of state (the unit of '" + worst.params.front()->name +
+         "'; no budget below " + std::to_string(worst.workspace_bytes + 256) + " bytes runs it)")
+            .c_str(),
+        Error);
     CHECK(serialize_state_dict(swapped->state_dict()) == before);
     for (size_t i = 0; i < params.size(); ++i) CHECK(test::same_bits(params[i]->data, data[i]));
 
@@ -232,10 +239,11 @@ TEST_SUITE("swap") {
     whole.device_budget_bytes = 30000;  // below embed's 61440 bytes of state
     SwapOptimizer unchunkable(std::make_unique<WholeUnitsAdamW>(adamw), whole);
     set_grads(params2, 1);
-    CHECK_THROWS_WITH_AS(unchunkable.step(),
-                         "[swap] device_budget_bytes 30000 is below an update unit that cannot run in chunks: 61440 bytes "
-                         "of state + 0 bytes of workspace",
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        unchunkable.step(),
+        "[swap] device_budget_bytes 30000 is below an update unit that cannot run in chunks: 61440 bytes "
+        "of state + 0 bytes of workspace (the unit of 'embed'; no budget below 61440 bytes runs it)",
+        Error);
     CHECK(adamw.state().empty());
   }
 

@@ -487,13 +487,24 @@ TEST_SUITE("swap") {
     c.device_budget_bytes = 1000;
     auto tiny = swap_muon(*muon2, c);
     test::set_swap_grads(params2, 1);
-    const UpdateUnit first = plan(*tiny).front();
-    CHECK_THROWS_WITH_AS(tiny->step(),
-                         ("[swap] device_budget_bytes 1000 is below an update unit even in chunks: " +
-                          std::to_string(first.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
-                          "elements of its " + std::to_string(state_of(first)) + " bytes of state")
-                             .c_str(),
-                         Error);
+    // Named: the unit needing the largest budget (its workspace; two chunks take 256 bytes in each).
+    const std::vector<UpdateUnit> tiny_units = plan(*tiny);
+    const UpdateUnit worst = *std::max_element(
+        tiny_units.begin(), tiny_units.end(),
+        [](const UpdateUnit& a, const UpdateUnit& b) { return a.workspace_bytes < b.workspace_bytes; });
+    const std::string more = worst.params.size() == 1 ? ""
+                             : worst.params.size() == 2
+                                 ? " and 1 more param"
+                                 : " and " + std::to_string(worst.params.size() - 1) + " more params";
+    CHECK_THROWS_WITH_AS(
+        tiny->step(),
+        ("[swap] device_budget_bytes 1000 is below an update unit even in chunks: " +
+         std::to_string(worst.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
+         "elements of its " + std::to_string(state_of(worst)) + " bytes of state (the unit of '" +
+         worst.params.front()->name + "'" + more + "; no budget below " + std::to_string(worst.workspace_bytes + 256) +
+         " bytes runs it)")
+            .c_str(),
+        Error);
     // Every unit fits alone, but the batches in flight with the largest workspace do not: the
     // largest units are chunked until the rest fits, and the budget holds.
     auto params3 = test::swap_model(16);
