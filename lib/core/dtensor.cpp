@@ -10,7 +10,12 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> name
     : shape_(std::move(shape)), names_(std::move(names)), rank_(rank) {
   SWAPOPT_CHECK(!shape_.empty(), "[DeviceMesh] needs at least one dim");
   SWAPOPT_CHECK(names_.size() == shape_.size(), "[DeviceMesh] " << names_.size() << " names for " << shape_.size() << " dims");
-  for (int64_t d : shape_) SWAPOPT_CHECK(d >= 1, "[DeviceMesh] dim sizes must be >= 1, got " << shape_str(shape_));
+  int64_t ranks = 1;
+  for (int64_t d : shape_) {
+    SWAPOPT_CHECK(d >= 1, "[DeviceMesh] dim sizes must be >= 1, got " << shape_str(shape_));
+    SWAPOPT_CHECK(!__builtin_mul_overflow(ranks, d, &ranks),
+                  "[DeviceMesh] a mesh " << shape_str(shape_) << " has more ranks than an int64 counts");
+  }
   SWAPOPT_CHECK(rank_ >= 0 && rank_ < size(), "[DeviceMesh] rank " << rank_ << " outside mesh " << shape_str(shape_));
   coordinate_.resize(shape_.size());
   int64_t rest = rank_;

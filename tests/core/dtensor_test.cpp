@@ -10,6 +10,8 @@ TEST_CASE("device mesh coordinates are row-major") {
   CHECK(mesh.dim_index("shard") == 1);
   CHECK_THROWS_WITH_AS(mesh.dim_index("tp"), "[DeviceMesh] no mesh dim named 'tp'", Error);
   CHECK_THROWS_WITH_AS(DeviceMesh({2, 2}, {"a", "b"}, 4), "[DeviceMesh] rank 4 outside mesh [2, 2]", Error);
+  CHECK_THROWS_WITH_AS(DeviceMesh({int64_t(1) << 40, int64_t(1) << 40}, {"a", "b"}, 0),
+                       "[DeviceMesh] a mesh [1099511627776, 1099511627776] has more ranks than an int64 counts", Error);
 }
 
 TEST_CASE("DTensor shards follow the chunk rule and to_local returns the shard") {
