@@ -104,7 +104,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
  public:
   void finish(std::string error) {
     error_ = std::move(error);
-    mark_.signal(nullptr);
+    mark_.signal();
   }
   void wait() override {
     mark_.wait();

@@ -8,24 +8,18 @@
 
 namespace swapopt::cpu {
 
-void StreamFailure::report() {
-  if (!reported_.exchange(true)) std::rethrow_exception(error_);
-}
-
-void CompletionMark::signal(std::shared_ptr<StreamFailure> failure) {
+void CompletionMark::signal() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
-    failure_ = std::move(failure);
     signalled_at_ = std::chrono::steady_clock::now();
   }
   cv_.notify_all();
 }
 
-std::shared_ptr<StreamFailure> CompletionMark::wait() {
+void CompletionMark::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return done_; });
-  return failure_;
 }
 
 std::chrono::steady_clock::time_point CompletionMark::signalled_at() {
@@ -84,16 +78,6 @@ bool CpuStream::busy() {
   return pending_ > 0;
 }
 
-std::shared_ptr<StreamFailure> CpuStream::held_failure() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
-}
-
-void CpuStream::adopt(std::shared_ptr<StreamFailure> failure) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!error_) error_ = std::move(failure);
-}
-
 void after_queued_work(std::function<void()> fn) {
   {
     // Under the registry's lock no stream is destroyed before its task is queued.
@@ -135,7 +119,7 @@ void CpuStream::run() {
     }
     task.fn = nullptr;  // drop captured tensors before reporting idle
     lock.lock();
-    if (failure && !error_) error_ = std::make_shared<StreamFailure>(failure);
+    if (failure && !error_) error_ = failure;
     if (--pending_ == 0) idle_cv_.notify_all();
   }
 }
@@ -143,23 +127,17 @@ void CpuStream::run() {
 void CpuStream::wait(EventImpl& event) {
   std::shared_ptr<CompletionMark> mark = static_cast<CpuEvent&>(event).mark();
   if (!mark) return;  // never recorded: nothing to wait for (as in CUDA)
-  // A failure the recording stream held at that point fails this stream too (skipping its later
-  // work), as a CUDA error is sticky for every stream: work that waited on failed work never runs.
-  push(
-      [this, mark] {
-        std::shared_ptr<StreamFailure> failure = mark->wait();
-        if (failure && !failure->reported()) adopt(std::move(failure));
-      },
-      true);
+  push([mark] { mark->wait(); }, true);
 }
 
 void CpuStream::synchronize() {
   std::unique_lock<std::mutex> lock(mutex_);
   idle_cv_.wait(lock, [&] { return pending_ == 0; });
-  const std::shared_ptr<StreamFailure> failure = std::move(error_);
-  error_ = nullptr;
-  lock.unlock();
-  if (failure) failure->report();
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
 }
 
 void CpuEvent::record(StreamImpl& stream) {
@@ -168,8 +146,7 @@ void CpuEvent::record(StreamImpl& stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     mark_ = mark;
   }
-  auto& cpu_stream = static_cast<CpuStream&>(stream);  // outlives its queued tasks (its destructor drains them)
-  cpu_stream.push([mark, &cpu_stream] { mark->signal(cpu_stream.held_failure()); }, true);
+  static_cast<CpuStream&>(stream).push([mark] { mark->signal(); }, true);
 }
 
 std::shared_ptr<CompletionMark> CpuEvent::mark() const {
@@ -190,8 +167,7 @@ double CpuEvent::elapsed_ms_since(const EventImpl& start) const {
 
 void CpuEvent::synchronize() const {
   std::shared_ptr<CompletionMark> current = mark();
-  if (!current) return;
-  if (std::shared_ptr<StreamFailure> failure = current->wait()) failure->report();
+  if (current) current->wait();
 }
 
 }  // namespace swapopt::cpu

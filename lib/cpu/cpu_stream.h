@@ -1,7 +1,6 @@
 #pragma once
 // CPU streams and events (internal): a stream is a worker thread running its queue in order.
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,29 +14,11 @@
 
 namespace swapopt::cpu {
 
-/** A task's failure, shared by every stream it reaches through events (a stream that waits on an
- *  event recorded behind it fails too, as CUDA's errors are sticky); reported once in all. */
-class StreamFailure {
- public:
-  explicit StreamFailure(std::exception_ptr error) : error_(std::move(error)) {}
-  /** Rethrows the error, unless a synchronize() of any stream it reached did already. */
-  void report();
-  /** Whether report() ran: a stream waiting on it then no longer takes it up (the trainer was
-   *  told; its work after a reload must run). */
-  bool reported() const { return reported_.load(); }
-
- private:
-  const std::exception_ptr error_;
-  std::atomic<bool> reported_{false};
-};
-
-/** One recorded point of an event: set once when the stream reaches it, with the failure that
- *  stream held then (null if none). */
+/** One recorded point of an event: set once when the stream reaches it. */
 class CompletionMark {
  public:
-  void signal(std::shared_ptr<StreamFailure> failure);
-  /** Blocks until signalled; returns the failure held by the recording stream at that point. */
-  std::shared_ptr<StreamFailure> wait();
+  void signal();
+  void wait();
   bool done();
   /** When signal() ran (valid once done). */
   std::chrono::steady_clock::time_point signalled_at();
@@ -46,7 +27,6 @@ class CompletionMark {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
-  std::shared_ptr<StreamFailure> failure_;
   std::chrono::steady_clock::time_point signalled_at_;
 };
 
@@ -65,9 +45,6 @@ class CpuStream final : public StreamImpl {
   void push(std::function<void()> fn, bool control);
   /** True while a task is queued or running. */
   bool busy();
-  /** The failure the stream holds (an earlier task threw, here or behind an event it waited on;
-   *  not yet taken by synchronize), or null. */
-  std::shared_ptr<StreamFailure> held_failure();
 
  private:
   struct Task {
@@ -75,8 +52,6 @@ class CpuStream final : public StreamImpl {
     bool control;
   };
   void run();
-  /** Holds `failure` unless the stream holds one already: its later ordinary tasks are skipped. */
-  void adopt(std::shared_ptr<StreamFailure> failure);
 
   std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: queue non-empty or stopping
@@ -84,7 +59,7 @@ class CpuStream final : public StreamImpl {
   std::deque<Task> queue_;
   size_t pending_ = 0;  // queued + running
   bool stopping_ = false;
-  std::shared_ptr<StreamFailure> error_;
+  std::exception_ptr error_;
   std::thread worker_;  // last: starts after the members above exist
 };
 

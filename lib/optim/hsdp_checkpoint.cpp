@@ -1,5 +1,7 @@
 #include "swapopt/optim/hsdp_checkpoint.h"
 
+#include <algorithm>
+
 #include "json.h"
 #include "swapopt/core/error.h"
 
@@ -7,8 +9,10 @@ namespace swapopt {
 
 namespace {
 
-// A param's step crosses the all-reduce as two f32 (exact below 2^24 each): steps up to 2^44.
-constexpr int64_t kLowBits = 20;
+// A param's step crosses the all-reduce as three f32 of 21 bits each (exact: below 2^24, and only
+// the owner adds a non-zero part): any non-negative int64.
+constexpr int kPartBits = 21, kParts = 3;
+constexpr int64_t kPartMask = (int64_t(1) << kPartBits) - 1;
 
 }  // namespace
 
@@ -22,24 +26,23 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
     if (!a.replicas) continue;
     const size_t n = a.params.size();
     std::vector<std::string> names(n);
-    std::vector<float> steps(2 * n, 0.f);  // each owner's step of its params (0: never stepped, no state)
+    std::vector<float> steps(kParts * n, 0.f);  // each owner's step of its params (0: never stepped, no state)
     for (size_t i = 0; i < n; ++i) {
       names[i] = muon.state_name(a.params[i], key);
       // An owner sends nothing for a tensor missing from `state` (no rank throws alone inside
       // collectives): its own copy then fails to load, naming the param.
       if (a.owners[i] != a.local_coordinate || state.tensors.count(names[i]) == 0) continue;
-      const int64_t step = json::get_int(param_steps.at(size_t(muon.param_index(a.params[i]))), "param_steps");
-      SWAPOPT_CHECK(step < (int64_t(1) << (24 + kLowBits)), "[Muon] broadcast_state_to_replicas: param '"
-                                                                << a.params[i]->name << "' has step " << step
-                                                                << ", beyond the 2^44 it can send");
-      steps[2 * i] = float(step >> kLowBits);
-      steps[2 * i + 1] = float(step & ((int64_t(1) << kLowBits) - 1));
+      // The step `state`'s metadata records (state_dict() wrote it); read without throwing here.
+      const json::Value& recorded = param_steps.at(size_t(muon.param_index(a.params[i])));
+      const int64_t step = recorded.is_number_integer() ? std::max<int64_t>(0, recorded.get<int64_t>()) : 0;
+      for (int k = 0; k < kParts; ++k) steps[kParts * i + k] = float((step >> (kPartBits * k)) & kPartMask);
     }
-    Tensor flags = Tensor::from_floats(steps, {int64_t(2 * n)}).to(device);
+    Tensor flags = Tensor::from_floats(steps, {int64_t(kParts * n)}).to(device);
     a.replicas->all_reduce(flags)->wait();
     steps = flags.to_float_vector();
-    std::vector<int64_t> step_of(n);
-    for (size_t i = 0; i < n; ++i) step_of[i] = (int64_t(steps[2 * i]) << kLowBits) + int64_t(steps[2 * i + 1]);
+    std::vector<int64_t> step_of(n, 0);
+    for (size_t i = 0; i < n; ++i)
+      for (int k = 0; k < kParts; ++k) step_of[i] |= int64_t(steps[kParts * i + k]) << (kPartBits * k);
     std::vector<Tensor> buffers(n);
     std::vector<WorkPtr> works;
     for (size_t i = 0; i < n; ++i) {

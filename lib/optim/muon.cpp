@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "group_options.h"
 #include "json.h"
@@ -159,10 +158,10 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
                 "[Muon] chunk [" << begin << ", " << end << ") of '" << param.name << "' (" << param.data.numel()
                                  << " elements) into " << out_input.str());
   const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
+  if (begin == 0) state_[&param].step += 1;  // once per update, at its first chunk (as momentum_into counts)
   const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
   ops::muon_momentum(stream_, range_of(param.grad), buffer, out_input.view({end - begin}), float(o.momentum),
                      float(o.m2()), o.nesterov);
-  if (begin == 0) state_[&param].step += 1;  // once per update, at its first chunk (as momentum_into counts)
 }
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
@@ -173,6 +172,9 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
                   "[Muon] grad of '" << p->name << "' is " << p->grad.str() << ", the param " << p->data.str());
   }
   const float m1 = float(o.momentum), m2 = float(o.m2());
+  // Counted once the checks pass, before any buffer is created: a param with state has a step
+  // (the checkpoint's proof that its momentum is there), also if the update below throws.
+  for (const Param* p : params) state_[p].step += 1;
   if (hooks_.momentum_update_fn) {
     std::vector<Tensor> grads, bufs;
     for (const Param* p : params) {
@@ -195,7 +197,6 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
                          m2, o.nesterov);
     }
   }
-  for (const Param* p : params) state_[p].step += 1;  // a checkpoint's proof that this param has momentum
 }
 
 int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size, Device device) {
@@ -369,7 +370,7 @@ Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::st
     o.nesterov = json::get_bool(field("nesterov"), "nesterov");
     const int64_t steps = json::get_int(field("ns_steps"), "ns_steps");
     SWAPOPT_CHECK(steps >= 1, "[Muon] ns_steps must be >= 1, got " << steps);
-    SWAPOPT_CHECK(steps <= std::numeric_limits<int>::max(), "[Muon] ns_steps must fit an int, got " << steps);
+    SWAPOPT_CHECK(steps <= kMaxNsSteps, "[Muon] ns_steps must be <= " << kMaxNsSteps << ", got " << steps);
     o.ns_steps = int(steps);
     o.ns_variant = string("ns_variant");
     for (const json::Value& triple : json::get_array(field("ns_coefficients"), "ns_coefficients")) {

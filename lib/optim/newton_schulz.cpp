@@ -34,6 +34,7 @@ std::vector<NsCoefficients> first_steps(const std::vector<NsCoefficients>& table
 
 std::vector<NsCoefficients> ns_schedule(const std::string& variant, int ns_steps, const std::vector<NsCoefficients>& custom) {
   SWAPOPT_CHECK(ns_steps >= 1, "[Muon] ns_steps must be >= 1, got " << ns_steps);
+  SWAPOPT_CHECK(ns_steps <= kMaxNsSteps, "[Muon] ns_steps must be <= " << kMaxNsSteps << ", got " << ns_steps);
   SWAPOPT_CHECK(variant == "custom" || custom.empty(),
                 "[Muon] ns_coefficients are given but ns_variant is '" << variant << "' (use 'custom')");
   if (variant == "legacy") return std::vector<NsCoefficients>(size_t(ns_steps), kLegacy);

@@ -424,7 +424,9 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
     }
     if (u.chunkable) u.chunk_elements = largest_chunk(u, budget);
     if (u.chunk_elements > 0) continue;
-    const size_t needs = size_t(u.workspace_bytes) + (u.chunkable ? chunk_arena_bytes(u, kChunkQuantum) : bytes);
+    // Whole, or (chunkable) in the smallest chunks, whichever takes less.
+    const size_t needs =
+        size_t(u.workspace_bytes) + (u.chunkable ? std::min(bytes, chunk_arena_bytes(u, kChunkQuantum)) : bytes);
     if (too_large == nullptr || needs > too_large_needs) {
       too_large = &u;
       too_large_needs = needs;

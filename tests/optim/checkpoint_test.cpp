@@ -124,7 +124,7 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   const size_t ns = huge_steps.metadata.find("\"ns_steps\":5");
   REQUIRE(ns != std::string::npos);
   huge_steps.metadata.replace(ns, 12, "\"ns_steps\":4294967301");
-  expect_rejected(huge_steps, "[Muon] ns_steps must fit an int, got 4294967301");
+  expect_rejected(huge_steps, "[Muon] ns_steps must be <= 1000, got 4294967301");
   StateDict other = opt.adamw().state_dict();
   expect_rejected(other, "[checkpoint] holds AdamW state, this optimizer is Muon");
   StateDict bad_option = good;

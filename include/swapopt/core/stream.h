@@ -37,14 +37,11 @@ class Stream {
   /** The device this stream's work runs on. */
   Device device() const;
   /** Work enqueued after this call starts only after the work recorded in `event` has finished.
-   *  On the CPU, if the recording stream held a failed task at that point (not yet reported),
-   *  this stream fails too, as a CUDA error is sticky for every stream: its work behind the wait
-   *  is skipped, not run on what the failed work never wrote. */
+   *  On the CPU, an event recorded behind a failed task completes all the same: the failure stays
+   *  on its own stream (its synchronize() throws it), it does not reach this one. */
   void wait(const Event& event);
-  /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work.
-   *  On a CPU stream the work queued after a failed task is skipped until then. Each failure is
-   *  reported once in all: by the first synchronize() of a stream (or Event) it reached, the one
-   *  it happened on or one that waited on it. */
+  /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work
+   *  (once). On a CPU stream the work queued after a failed task is skipped until then. */
   void synchronize();
   /** cudaStream_t for CUDA streams; for CPU streams the queue (what borrow() takes). */
   void* native_handle() const;
@@ -77,8 +74,7 @@ class Event {
   void record(Stream& stream);
   /** True when the last recorded point has completed (or the event was never recorded). */
   bool query() const;
-  /** Blocks the host until the last recorded point has completed; rethrows the error of a failed
-   *  task its stream held at that point, unless a synchronize() reported it already. */
+  /** Blocks the host until the last recorded point has completed. */
   void synchronize() const;
   /** Milliseconds from `start` completing to this event completing; both timing events, recorded
    *  and complete (synchronize first). */

@@ -13,9 +13,14 @@ namespace swapopt {
 /** (a, b, c) of one step: A = X X^T, B = b A + c A^2, X = a X + B X. */
 using NsCoefficients = std::array<float, 3>;
 
+/** The most NS steps any variant runs (a checkpoint's larger value is refused before a schedule
+ *  of that length is built). */
+constexpr int kMaxNsSteps = 1000;
+
 /** Per-step coefficients of a variant: "legacy" (3.4445, -4.7750, 2.0315) every step; "asym5"
  *  (at most 5 steps); "polar_express" (Amsel et al. 2025, at most 5 steps); "custom" = `custom`
- *  (one triple per step, ns_steps <= their count). Throws a named error otherwise. */
+ *  (one triple per step, ns_steps <= their count); 1 <= ns_steps <= kMaxNsSteps. Throws a named
+ *  error otherwise. */
 std::vector<NsCoefficients> ns_schedule(const std::string& variant, int ns_steps, const std::vector<NsCoefficients>& custom);
 
 /** Normalisation of a variant: X /= (||X||_F * norm_scale + eps); polar_express uses 1.02. */
