@@ -1,5 +1,6 @@
 #include "member_checkpoint.h"
 
+#include "../core/comma_list.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 
@@ -20,11 +21,10 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
                     << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
                     << " optimizer, not of a set of optimizers (" << names.size() << " members)");
   const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
-  std::string have, want;
-  for (const json::Value& v : listed)
-    have += (have.empty() ? "" : ", ") + json::get_string(json::member(v, "name", "members[]"), "name");
-  for (const std::string& name : names) want += (want.empty() ? "" : ", ") + name;
-  SWAPOPT_CHECK(have == want, "[checkpoint] holds members [" << have << "], this set has [" << want << "]");
+  std::vector<std::string> held;
+  for (const json::Value& v : listed) held.push_back(json::get_string(json::member(v, "name", "members[]"), "name"));
+  SWAPOPT_CHECK(held == names,
+                "[checkpoint] holds members [" << comma_list(held) << "], this set has [" << comma_list(names) << "]");
   const std::string& named = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
   SWAPOPT_CHECK(named == optimizers,
                 "[checkpoint] names its members' optimizers '" << named << "', this set's are '" << optimizers << "'");
@@ -40,7 +40,8 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
         parts[i].tensors.emplace(name.substr(slash + 1), tensor);
         placed = true;
       }
-    SWAPOPT_CHECK(placed, "[checkpoint] tensor '" << name << "' belongs to no member of the set (" << want << ")");
+    SWAPOPT_CHECK(placed,
+                  "[checkpoint] tensor '" << name << "' belongs to no member of the set (" << comma_list(names) << ")");
   }
   return parts;
 }

@@ -190,12 +190,12 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
                                                        << shape_str(out_inputs[i].shape()) << " elements, contiguous");
       ops::cast(stream_, updates[i].view(out_inputs[i].shape()), out_inputs[i]);
     }
-  } else {
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Param& p = *params[i];
-      ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), out_inputs[i].view(p.data.shape()), m1,
-                         m2, o.nesterov);
-    }
+    return;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    ops::muon_momentum(stream_, p.grad, state_tensor(p, "momentum_buffer"), out_inputs[i].view(p.data.shape()), m1, m2,
+                       o.nesterov);
   }
 }
 

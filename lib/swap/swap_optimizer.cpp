@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 
+#include "../core/comma_list.h"
 #include "../optim/checkpoint_stream.h"
 #include "async_save.h"
 #include "swapopt/core/error.h"
@@ -24,11 +25,8 @@ std::vector<std::string> resolve_keys(const StateSwapAdapter& adapter, Optimizer
   for (const std::string& key : *config.state_keys)
     if (std::find(family.begin(), family.end(), key) == family.end()) foreign.push_back(key);
   if (!foreign.empty()) {
-    std::string asked, owned;
-    for (const std::string& k : foreign) asked += (asked.empty() ? "" : ", ") + k;
-    for (const std::string& k : family) owned += (owned.empty() ? "" : ", ") + k;
-    SWAPOPT_FAIL("[swap] state keys [" << asked << "] are not " << optimizer.name() << " state; " << optimizer.name()
-                                       << " swaps only [" << owned << "]");
+    SWAPOPT_FAIL("[swap] state keys [" << comma_list(foreign) << "] are not " << optimizer.name() << " state; "
+                                       << optimizer.name() << " swaps only [" << comma_list(family) << "]");
   }
   return *config.state_keys;
 }

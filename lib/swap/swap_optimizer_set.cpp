@@ -4,6 +4,7 @@
 #include <cctype>
 #include <set>
 
+#include "../core/comma_list.h"
 #include "../optim/checkpoint_stream.h"
 #include "../optim/member_checkpoint.h"
 #include "async_save.h"
@@ -170,12 +171,6 @@ SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {
 namespace {
 
 /** `keys` joined as "a, b". */
-std::string key_list(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
-  return out;
-}
-
 }  // namespace
 
 std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config) {
@@ -197,8 +192,8 @@ std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapC
       }
     }
     SWAPOPT_CHECK(neither.empty(), "[swap] state keys ["
-                                       << key_list(neither) << "] are neither Muon nor AdamW state; Muon "
-                                       << "swaps [" << key_list(muon_keys) << "], AdamW [" << key_list(adamw_keys)
+                                       << comma_list(neither) << "] are neither Muon nor AdamW state; Muon "
+                                       << "swaps [" << comma_list(muon_keys) << "], AdamW [" << comma_list(adamw_keys)
                                        << "]");
   }
   std::vector<SwapOptimizerSet::Member> members;
