@@ -131,6 +131,18 @@ void cast_loop(const void* src, void* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) store_from_float(dst, i, D, load_as_float(src, i, S));
 }
 
+/** Copies the lower-triangle entries of rows [r0, r0 + rows) of the square `c` to their upper
+ *  mirrors, columns [r0, r0 + rows): a row block's own upper part, which no other block writes.
+ *  In tiles of kMirrorTile, so that the strided reads of a tile's rows share their cache lines. */
+constexpr int64_t kMirrorTile = 32;
+
+template <typename Matrix>
+void mirror_row_block(Matrix& c, int64_t r0, int64_t rows) {
+  for (int64_t i0 = 0; i0 < r0 + rows; i0 += kMirrorTile)
+    for (int64_t j = std::max(r0, i0 + 1); j < r0 + rows; ++j)
+      for (int64_t i = i0; i < std::min(j, i0 + kMirrorTile); ++i) c(i, j) = c(j, i);
+}
+
 /** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
 constexpr int64_t kSyrkBlock = 64;
 
@@ -160,9 +172,8 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
       } else {
         multiply_into(block, ma.middleRows(r0, rows), ma.topRows(cols).transpose(), alpha, beta);
       }
+      mirror_row_block(mc, r0, rows);
     }
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = i + 1; j < m; ++j) mc(i, j) = mc(j, i);
     store_output(c, batch, out);
   }
 }
