@@ -292,7 +292,7 @@ void Muon::check_step() {
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) check_grad(*p);
   }
-  if (hsdp_enabled()) check_shard_group_grads();
+  if (hsdp_enabled()) check_hsdp_grads();
 }
 
 void Muon::run_step() {

@@ -146,66 +146,30 @@ bool Muon::on_any_rank(bool mine) {
   return sum_over_ranks(mesh_groups_->world(), stream_, mine ? 1.f : 0.f) != 0.f;
 }
 
-void Muon::check_shard_group_grads() {
-  // The packing of update_sharded depends on every rank of a shard group stepping the same
-  // params: compare which ones, as a bitmask of their positions (24 bits per f32 word, exact), so
-  // a mismatch fails on every rank alike. One all-gather per shard group holds every assignment's
-  // mask; one host read answers them all.
-  struct Check {
-    const HsdpAssignment* assignment;
-    size_t first_word, words;  // this assignment's part of the group's mask
-  };
-  struct Gather {
-    Communicator* group;
-    std::vector<Check> checks;
-    std::vector<float> mask;
-    Tensor mine, all;
-  };
-  std::vector<Gather> gathers;
-  for (const HsdpAssignment& a : schedule_) {
-    // A replica that owns nothing here has a whole shard group that does not (same coordinate).
-    if (!a.sharded() || a.owned().empty()) continue;
-    auto it = std::find_if(gathers.begin(), gathers.end(), [&](const Gather& g) { return g.group == a.shards.get(); });
-    if (it == gathers.end()) {
-      it = gathers.emplace(gathers.end());
-      it->group = a.shards.get();
+void Muon::check_hsdp_grads() {
+  // Every rank of the mesh holds each HSDP param (whole or its shard) and must step the same ones:
+  // the packing of update_sharded depends on it, and an owner without a grad would leave its
+  // replicas' param as it was while theirs has a grad. Per param, the count of ranks holding its
+  // grad (exact in f32) must be none or all, so a mismatch fails on every rank alike.
+  Communicator& world = mesh_groups_->world();
+  if (world.size() == 1) return;
+  std::vector<const Param*> params;
+  std::vector<float> with_grad;
+  for (const HsdpAssignment& a : schedule_)
+    for (const Param* p : a.params) {
+      params.push_back(p);
+      with_grad.push_back(p->has_grad() ? 1.f : 0.f);
     }
-    it->checks.push_back({&a, it->mask.size(), (a.params.size() + 23) / 24});
-    it->mask.resize(it->mask.size() + it->checks.back().words, 0.f);
-    for (size_t pos = 0; pos < a.params.size(); ++pos)
-      if (a.owns(a.params[pos]) && a.params[pos]->has_grad())
-        it->mask[it->checks.back().first_word + pos / 24] += float(1u << (pos % 24));
-  }
-  if (gathers.empty()) return;
-  // Every mask staged before the first gather (a copy from pageable memory may wait for the
-  // stream), then the gathers, then the host waits for all of them: the answer is read there.
-  for (Gather& g : gathers) {
-    const int64_t words = int64_t(g.mask.size());
-    g.mine = Tensor::empty({words}, DType::f32, device(), &stream_);
-    g.all = Tensor::empty({words * g.group->size()}, DType::f32, device(), &stream_);
-    ops::copy(stream_, Tensor::from_floats(g.mask, {words}), g.mine);
-  }
-  std::vector<WorkPtr> works;
-  for (Gather& g : gathers) {
-    g.group->start_after(stream_);
-    works.push_back(g.group->all_gather(g.mine, g.all));
-  }
-  wait_collectives(works);
-  for (const Gather& g : gathers) {
-    const std::vector<float> masks = g.all.to_float_vector();
-    const size_t words = g.mask.size();
-    for (size_t k = 0; k < g.checks.size(); ++k) {
-      const HsdpAssignment& a = *g.checks[k].assignment;
-      const size_t first = g.checks[k].first_word, count = g.checks[k].words;
-      for (size_t r = 0; r < size_t(g.group->size()); ++r)
-        SWAPOPT_CHECK(
-            std::equal(masks.begin() + ptrdiff_t(r * words + first),
-                       masks.begin() + ptrdiff_t(r * words + first + count), masks.begin() + ptrdiff_t(first)),
-            "[Muon] rank " << r << " of the shard group of '" << a.owned().front()->name
-                           << "' steps other params than rank 0 (a grad is missing on some ranks): every rank of a "
-                              "shard group must step the same params");
-    }
-  }
+  if (params.empty()) return;
+  const Tensor counts = Tensor::empty({int64_t(params.size())}, DType::f32, device(), &stream_);
+  ops::copy(stream_, Tensor::from_floats(with_grad, {int64_t(params.size())}), counts);
+  world.start_after(stream_);
+  wait_collectives({world.all_reduce(counts)});
+  const std::vector<float> ranks = counts.to_float_vector();
+  for (size_t i = 0; i < params.size(); ++i)
+    SWAPOPT_CHECK(ranks[i] == 0.f || ranks[i] == float(world.size()),
+                  "[Muon] '" << params[i]->name << "' has a grad on " << ranks[i] << " of " << world.size()
+                             << " ranks (a grad is missing on some ranks): every HSDP rank must step the same params");
 }
 
 void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {

@@ -336,15 +336,15 @@ void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm, bool same_cou
   } else if (comm->rank() == comm->size() - 1) {
     params[0]->grad = Tensor();
   }
-  const int first_other = same_count ? 1 : comm->size() - 1;  // the first rank whose list differs from rank 0's
+  const int with_w0 = same_count ? 1 : comm->size() - 1;  // the ranks holding w0's grad (first in the schedule)
   try {
     muon.step();
     expect(false, "ranks stepping other params went unnoticed");
   } catch (const Error& e) {
     std::printf("named error: %s\n", e.what());
-    expect(std::string(e.what()) == "[Muon] rank " + std::to_string(first_other) +
-                                        " of the shard group of 'w0' steps other params than rank 0 (a grad is missing on "
-                                        "some ranks): every rank of a shard group must step the same params",
+    expect(std::string(e.what()) ==
+               "[Muon] 'w0' has a grad on " + std::to_string(with_w0) + " of " + std::to_string(comm->size()) +
+                   " ranks (a grad is missing on some ranks): every HSDP rank must step the same params",
            "the mismatch is named");
   }
 }

@@ -409,22 +409,40 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE("2-rank HSDP: a bad grad, or ranks stepping different params, fails on every rank with nothing changed") {
-    // Mesh 1x2: w0 and w2 row-sharded over both ranks, w1 local.
+    // Mesh 1x2: w0 and w2 row-sharded over both ranks, w1 local. Mesh 2x1: w0 and w2 replicated
+    // (a shard group of one rank), each updated by one owner and broadcast to the other.
     struct Case {
       std::string what;
+      std::vector<int64_t> mesh;
       std::function<void(std::vector<ParamPtr>&, int rank)> edit;
       std::string message;
     };
+    const std::string missing = " ranks (a grad is missing on some ranks): every HSDP rank must step the same params";
     const std::vector<Case> cases = {
         {"wrong shape on both ranks",
-         [](std::vector<ParamPtr>& p, int) { p[2]->grad = Tensor::zeros({16, 31}, DType::f32, Device::cpu()); },
+         {1, 2},
+         [](std::vector<ParamPtr>& p, int) {
+           p[2]->grad = Tensor::zeros({16, 31}, DType::f32, Device::cpu());
+         },
          "[Muon] grad of 'w2' is Tensor(f32, [16, 31], cpu), the param Tensor(f32, [16, 32], cpu)"},
-        {"a grad missing on rank 1",
+        {"a grad missing on rank 1 of a shard group",
+         {1, 2},
          [](std::vector<ParamPtr>& p, int rank) {
            if (rank == 1) p[2]->grad = Tensor();
          },
-         "[Muon] rank 1 of the shard group of 'w0' steps other params than rank 0 (a grad is missing on some ranks): every rank "
-         "of a shard group must step the same params"},
+         "[Muon] 'w2' has a grad on 1 of 2" + missing},
+        {"a grad missing on a replica",
+         {2, 1},
+         [](std::vector<ParamPtr>& p, int rank) {
+           if (rank == 1) p[2]->grad = Tensor();
+         },
+         "[Muon] 'w2' has a grad on 1 of 2" + missing},
+        {"a grad missing on the other replica",
+         {2, 1},
+         [](std::vector<ParamPtr>& p, int rank) {
+           if (rank == 0) p[2]->grad = Tensor();
+         },
+         "[Muon] 'w2' has a grad on 1 of 2" + missing},
     };
     for (const Case& c : cases)
       for (bool swap : {false, true}) {
@@ -432,15 +450,16 @@ TEST_SUITE("bad input") {
         CAPTURE(swap);
         const TwoRankOutcome out = on_two_ranks(
             [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-              auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
+              auto mesh = std::make_shared<DeviceMesh>(c.mesh, std::vector<std::string>{"replicate", "shard"}, rank);
+              const int64_t shards = c.mesh[1], shard = rank % shards;
               std::vector<ParamPtr> full = model(false), params;
               for (size_t i = 0; i < full.size(); ++i) {
                 if (i == 1) {
                   params.push_back(full[i]);
                   continue;
                 }
-                const int64_t rows = full[i]->data.shape()[0] / 2;
-                ParamPtr p = make_param(full[i]->name, full[i]->data.narrow(0, rank * rows, rows).clone());
+                const int64_t rows = full[i]->data.shape()[0] / shards;
+                ParamPtr p = make_param(full[i]->name, full[i]->data.narrow(0, shard * rows, rows).clone());
                 p->layout = DTensor(p->data, full[i]->data.shape(), mesh, {Placement::Replicate(), Placement::Shard(0)});
                 params.push_back(p);
               }

@@ -249,9 +249,8 @@ class Muon : public Optimizer {
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
   void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                       const MomentumWriter& write_momentum);
-  /** Collective in every shard group (one all-gather each): every rank steps the same owned
-   *  params of each sharded assignment. */
-  void check_shard_group_grads();
+  /** Collective over the mesh (one all-reduce): every rank steps the same HSDP params. */
+  void check_hsdp_grads();
   /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
   void wait_collectives(const std::vector<WorkPtr>& works);
 
