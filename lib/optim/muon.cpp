@@ -287,11 +287,8 @@ void Muon::validate_options() const {
 
 void Muon::check_step() {
   validate_options();
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    local_params(g);  // throws for a shard without HSDP
-    for (const ParamPtr& p : groups_[g].params)
-      if (p->has_grad()) check_grad(*p);
-  }
+  for (size_t g = 0; g < groups_.size(); ++g) local_params(g);  // throws for a shard without HSDP
+  check_params_with_grad();
   if (hsdp_enabled()) check_hsdp_grads();
 }
 

@@ -129,19 +129,35 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
+    added_as_.push_back({p->data.shape(), p->data.dtype()});
   }
   groups_.push_back({std::move(params), 0});
 }
 
-void Optimizer::check_grad(const Param& p) const {
-  const Tensor& g = p.grad;
-  // Built only for a message: a step checks every param's grad.
-  const auto what = [&] { return "[" + name_ + "] grad of '" + p.name + "'"; };
-  SWAPOPT_CHECK(!g.is_released(), what() << " is released");
-  SWAPOPT_CHECK(g.device() == device(),
-                what() << " is on " << g.device().str() << ", the optimizer on " << device().str());
-  SWAPOPT_CHECK(g.shape() == p.data.shape(), what() << " is " << g.str() << ", the param " << p.data.str());
-  SWAPOPT_CHECK(g.is_contiguous(), what() << " must be contiguous, got strides " << shape_str(g.strides()));
+void Optimizer::check_params_with_grad() const {
+  size_t index = 0;
+  for (const ParamGroup& group : groups_)
+    for (const ParamPtr& p : group.params) {
+      const AddedAs& added = added_as_[index++];
+      if (!p->has_grad()) continue;
+      // Built only for a message: a step checks every param.
+      const auto param = [&] { return "[" + name_ + "] parameter '" + p->name + "'"; };
+      const Tensor& d = p->data;
+      SWAPOPT_CHECK(d.defined() && !d.is_released(), param() << " has no data (undefined or released)");
+      SWAPOPT_CHECK(d.shape() == added.shape && d.dtype() == added.dtype,
+                    param() << " is " << d.str() << ", added as " << dtype_name(added.dtype) << " "
+                            << shape_str(added.shape) << " (its state has that shape and dtype)");
+      SWAPOPT_CHECK(d.device() == device(),
+                    param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
+      SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
+      const Tensor& g = p->grad;
+      const auto grad = [&] { return "[" + name_ + "] grad of '" + p->name + "'"; };
+      SWAPOPT_CHECK(!g.is_released(), grad() << " is released");
+      SWAPOPT_CHECK(g.device() == device(),
+                    grad() << " is on " << g.device().str() << ", the optimizer on " << device().str());
+      SWAPOPT_CHECK(g.shape() == d.shape(), grad() << " is " << g.str() << ", the param " << d.str());
+      SWAPOPT_CHECK(g.is_contiguous(), grad() << " must be contiguous, got strides " << shape_str(g.strides()));
+    }
 }
 
 void Optimizer::zero_grad() {
@@ -164,9 +180,7 @@ void Optimizer::check_unwrapped(const std::string& call) const {
 
 void Optimizer::check_step() {
   validate_options();
-  for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params)
-      if (p->has_grad()) check_grad(*p);
+  check_params_with_grad();
 }
 
 int64_t Optimizer::param_index(const Param* param) const {

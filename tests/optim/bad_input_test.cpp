@@ -173,6 +173,75 @@ TEST_SUITE("bad input") {
         }
   }
 
+  TEST_CASE("a param's data pointed elsewhere after add_param_group: checked with the grads, every byte unchanged") {
+    static float foreign[32 * 32];
+    struct BadData {
+      std::string kind;
+      std::function<Tensor(const Tensor& good)> make;
+      std::string message;  // after "[Muon] " or "[AdamW] "
+    };
+    const std::vector<BadData> cases = {
+        {"non-contiguous", [](const Tensor& good) { return good.clone().transpose(0, 1); },
+         "parameter 'w2' must be contiguous, got strides [1, 32]"},
+        {"released",
+         [](const Tensor& good) {
+           Tensor t = good.clone();
+           t.storage()->release();
+           return t;
+         },
+         "parameter 'w2' has no data (undefined or released)"},
+        {"undefined", [](const Tensor&) { return Tensor(); }, "parameter 'w2' has no data (undefined or released)"},
+        {"another shape",
+         [](const Tensor& good) {
+           return good.clone().view({16, 64});
+         },
+         "parameter 'w2' is Tensor(f32, [16, 64], cpu), added as f32 [32, 32] (its state has that shape and dtype)"},
+        {"another dtype",
+         [](const Tensor& good) { return Tensor::from_floats(good.to_float_vector(), good.shape(), DType::bf16); },
+         "parameter 'w2' is Tensor(bf16, [32, 32], cpu), added as f32 [32, 32] (its state has that shape and dtype)"},
+        {"another device",
+         [](const Tensor&) {
+           return Tensor::from_blob(foreign, {32, 32}, DType::f32, Device::cuda(0));
+         },
+         "parameter 'w2' is on cuda:0, the optimizer on cpu"},
+    };
+    for (bool adamw : {false, true})
+      for (bool swap : {false, true})
+        for (const BadData& bad : cases) {
+          Subject s(adamw, swap);
+          CAPTURE(s.name());
+          CAPTURE(bad.kind);
+          set_grads(s.params, 3);
+          const std::string before = s.snap();
+          const Tensor good = s.params.back()->data;
+          s.params.back()->data = bad.make(good);
+          CHECK(error_of([&] { s.step(); }) == "[" + s.optimizer->name() + "] " + bad.message);
+          s.params.back()->data = good;
+          CHECK(s.snap() == before);
+        }
+  }
+
+  TEST_CASE("a param's data pointed at another buffer of its shape and dtype: the step updates it, swapped as bare") {
+    for (bool adamw : {false, true}) {
+      Subject bare(adamw, false), swapped(adamw, true);
+      CAPTURE(adamw);
+      for (Subject* s : {&bare, &swapped}) {
+        s->snap();  // waits for the steps so far: clone() is not stream-ordered
+        s->params.back()->data = s->params.back()->data.clone();  // the trainer reloads its weights elsewhere
+        set_grads(s->params, 3);
+        s->step();
+        s->snap();  // waits for the step
+      }
+      CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped.state_dict()));
+      for (size_t i = 0; i < bare.params.size(); ++i) {
+        CAPTURE(i);
+        CHECK(test::same_bits(bare.params[i]->data, swapped.params[i]->data));
+      }
+      Subject untouched(adamw, false);  // the same two steps, no third
+      CHECK(!test::same_bits(bare.params.back()->data, untouched.params.back()->data));
+    }
+  }
+
   TEST_CASE("MuonWithAdamW: a bad AdamW grad stops Muon's half too") {
     auto params = model(true);
     MuonWithAdamW opt(Stream(Device::cpu()), params);

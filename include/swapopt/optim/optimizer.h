@@ -113,8 +113,10 @@ class Optimizer {
    *  on stream() (which may read them) has passed, so their memory is never freed under a step. */
   void zero_grad();
   /** Checks everything step() relies on, changing nothing: every group's options (those changed
-   *  through mutable_options since included) and the grad of every param the step updates (shape,
-   *  device, contiguous, not released). step() and the swapped step call it before they
+   *  through mutable_options since included) and every param the step updates: its data (not
+   *  released, contiguous, on the device, the shape and dtype it was added with: the trainer may
+   *  point `data` at another buffer between steps, not reshape it) and its grad (shape, device,
+   *  contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
    *  as it was. Collective under HSDP (the shard groups compare which params they step). */
   virtual void check_step();
@@ -203,10 +205,11 @@ class Optimizer {
   virtual bool older_files_hold_no_param_steps() const { return false; }
   /** Checks a new group's parameters (throws naming the parameter). */
   void add_group(std::vector<ParamPtr> params);
-  /** Checks `param`'s grad (defined) against its data: same shape, contiguous, on this device, not
-   *  released. Its dtype may be any (bf16 or f16 grads on f32 params): the fused updates read it
-   *  exactly, as if converted to f32 first. */
-  void check_grad(const Param& param) const;
+  /** Checks every param with a grad: its data against what add_group() saw (not released,
+   *  contiguous, on this device, the shape and dtype it was added with), then its grad against its
+   *  data (same shape, contiguous, on this device, not released). A grad's dtype may be any (bf16 or
+   *  f16 grads on f32 params): the fused updates read it exactly, as if converted to f32 first. */
+  void check_params_with_grad() const;
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
 
@@ -244,6 +247,12 @@ class Optimizer {
  private:
   /** Throws if two params (those already added and `added`) share memory, naming both. */
   void check_disjoint(const std::vector<ParamPtr>& added) const;
+  /** Each param's shape and dtype when added (its state has them), by param_index(). */
+  struct AddedAs {
+    Shape shape;
+    DType dtype;
+  };
+  std::vector<AddedAs> added_as_;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */
