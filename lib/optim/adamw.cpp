@@ -72,6 +72,7 @@ void AdamW::update_param(size_t group, Param& param) {
 }
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
+  check_in_group(group, params, "update_params");
   const AdamWOptions& o = options_.at(group);
   for (const Param* param : params) require_grad(*param);
   // Updates in one op run concurrently: a param listed twice would race with itself.
@@ -102,6 +103,8 @@ void AdamW::update_params(size_t group, std::span<Param* const> params) {
 
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
                                const std::map<std::string, Tensor>& staged) {
+  const Param* const one[] = {&param};
+  check_in_group(group, one, "update_param_chunk");
   const AdamWOptions& o = options_.at(group);
   require_grad(param);
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),

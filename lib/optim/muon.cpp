@@ -117,6 +117,7 @@ std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t gro
 }
 
 Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) {
+  check_in_group(group, params, "allocate_ns_input");
   SWAPOPT_CHECK(!params.empty(), "[Muon] an NS batch needs at least one param");
   const CoreShape first = core_shape(params.front()->data.shape());
   int64_t total = 0;
@@ -149,6 +150,8 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
 
 void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
                           const Tensor& out_input) {
+  const Param* const one[] = {&param};
+  check_in_group(group, one, "momentum_chunk");
   const MuonOptions& o = options_.at(group);
   SWAPOPT_CHECK(!hooks_.momentum_update_fn, "[Muon] momentum_update_fn sees whole tensors: it cannot run in chunks");
   SWAPOPT_CHECK(param.has_grad(), "[Muon] param '" << param.name << "' has no grad");
@@ -165,6 +168,13 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
 }
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
+  check_in_group(group, params, "momentum_into");
+  SWAPOPT_CHECK(out_inputs.size() == params.size(),
+                "[Muon] momentum_into: " << out_inputs.size() << " outputs for " << params.size() << " params");
+  for (size_t i = 0; i < params.size(); ++i)
+    SWAPOPT_CHECK(out_inputs[i].numel() == params[i]->data.numel(),
+                  "[Muon] momentum_into: output " << i << " is " << out_inputs[i].str() << ", '" << params[i]->name
+                                                  << "' has " << params[i]->data.numel() << " elements");
   const MuonOptions& o = options_.at(group);
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
@@ -237,6 +247,12 @@ void Muon::apply_update(size_t group, Param& param, const Tensor& update, const 
 }
 
 void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
+  check_in_group(group, params, "process_unsharded_batch");
+  int64_t matrices = 0;
+  for (const Param* p : params) matrices += core_shape(p->data.shape()).count;
+  SWAPOPT_CHECK(ns_input.dim() == 3 && ns_input.size(0) == matrices, "[Muon] process_unsharded_batch: ns_input is "
+                                                                         << ns_input.str() << ", the params have "
+                                                                         << matrices << " matrices");
   orthogonalize(group, ns_input);
   int64_t offset = 0;
   for (Param* p : params) {
@@ -254,6 +270,7 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 }
 
 void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
+  check_in_group(group, params, "update_params");
   if (!write_momentum) {
     for (const std::vector<Param*>& shape_group : group_by_shape(params))
       for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))

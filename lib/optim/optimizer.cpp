@@ -129,7 +129,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
-    added_as_.push_back({p->data.shape(), p->data.dtype()});
+    added_as_.push_back({p->data.shape(), p->data.dtype(), groups_.size()});
   }
   groups_.push_back({std::move(params), 0});
 }
@@ -158,6 +158,20 @@ void Optimizer::check_params_with_grad() const {
       SWAPOPT_CHECK(g.shape() == d.shape(), grad() << " is " << g.str() << ", the param " << d.str());
       SWAPOPT_CHECK(g.is_contiguous(), grad() << " must be contiguous, got strides " << shape_str(g.strides()));
     }
+}
+
+void Optimizer::check_in_group(size_t group, std::span<const Param* const> params, const char* call) const {
+  SWAPOPT_CHECK(group < groups_.size(),
+                "[" << name_ << "] " << call << ": no group " << group << " (" << groups_.size() << " groups)");
+  for (const Param* p : params) {
+    SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] " << call << ": null parameter");
+    const auto it = param_indices_.find(p);
+    SWAPOPT_CHECK(it != param_indices_.end(),
+                  "[" << name_ << "] " << call << ": parameter '" << p->name << "' is not in this optimizer");
+    const size_t in = added_as_[size_t(it->second)].group;
+    SWAPOPT_CHECK(in == group, "[" << name_ << "] " << call << ": parameter '" << p->name << "' is in group " << in
+                                   << ", not group " << group);
+  }
 }
 
 void Optimizer::zero_grad() {

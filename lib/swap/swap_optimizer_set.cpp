@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <set>
+#include <unordered_map>
 
 #include "../core/comma_list.h"
 #include "../optim/checkpoint_stream.h"
+#include "../optim/disjoint_params.h"
 #include "../optim/member_checkpoint.h"
 #include "async_save.h"
 #include "swapopt/core/error.h"
@@ -35,6 +37,19 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
                   "[swap] member '" << m.first << "' runs on another stream than '" << members_.front().first
                                     << "': the members of a set share one stream");
   }
+  // Each member updates its own params: one in two members, or two sharing memory, would be
+  // updated twice per step.
+  std::unordered_map<const Param*, const std::string*> member_of;
+  std::vector<const Param*> all;
+  for (const Member& m : members_)
+    for (const ParamGroup& g : m.second->optimizer().param_groups())
+      for (const ParamPtr& p : g.params) {
+        const auto [it, added] = member_of.emplace(p.get(), &m.first);
+        SWAPOPT_CHECK(added, "[swap] parameter '" << p->name << "' is in members '" << *it->second << "' and '"
+                                                  << m.first << "': each param belongs to one member");
+        all.push_back(p.get());
+      }
+  check_disjoint_params(all, "swap");
 }
 
 SwapOptimizerSet::~SwapOptimizerSet() {

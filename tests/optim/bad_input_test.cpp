@@ -242,6 +242,57 @@ TEST_SUITE("bad input") {
     }
   }
 
+  TEST_CASE("the update pieces the swap adapters call (public) check their params and sizes, changing nothing") {
+    Stream stream(Device::cpu());
+    const auto param = [](const std::string& name, uint32_t seed) {
+      ParamPtr p = make_param(name, test::random_tensor({4, 4}, DType::f32, seed));
+      p->grad = test::random_tensor({4, 4}, DType::f32, seed + 10);
+      return p;
+    };
+    ParamPtr a = param("a", 1), b = param("b", 2), foreign = param("foreign", 3);
+    AdamW adamw(stream);
+    adamw.add_param_group({a});
+    adamw.add_param_group({b});
+    Muon muon(stream);
+    ParamPtr m0 = param("m0", 4), m1 = param("m1", 5);
+    muon.add_param_group({m0, m1});
+    const auto unchanged = [&](const std::function<void()>& call) {
+      const std::string before = serialize_state_dict(adamw.state_dict()) + serialize_state_dict(muon.state_dict());
+      const std::string error = error_of(call);
+      CHECK(serialize_state_dict(adamw.state_dict()) + serialize_state_dict(muon.state_dict()) == before);
+      return error;
+    };
+    Param* const null_param[] = {nullptr};
+    CHECK(unchanged([&] { adamw.update_params(0, null_param); }) == "[AdamW] update_params: null parameter");
+    CHECK(unchanged([&] { adamw.update_param(0, *foreign); }) ==
+          "[AdamW] update_params: parameter 'foreign' is not in this optimizer");
+    CHECK(unchanged([&] { adamw.update_param(1, *a); }) ==
+          "[AdamW] update_params: parameter 'a' is in group 0, not group 1");
+    CHECK(unchanged([&] { adamw.update_param(2, *a); }) == "[AdamW] update_params: no group 2 (2 groups)");
+    CHECK(unchanged([&] { adamw.update_param_chunk(1, *a, 0, 4, {}); }) ==
+          "[AdamW] update_param_chunk: parameter 'a' is in group 0, not group 1");
+    const Tensor out = Tensor::zeros({16}, DType::f32, Device::cpu());
+    CHECK(unchanged([&] {
+            muon.momentum_into(0, {m0.get(), m1.get()}, {out});
+          }) == "[Muon] momentum_into: 1 outputs for 2 params");
+    CHECK(unchanged([&] { muon.momentum_into(0, {m0.get()}, {Tensor::zeros({15}, DType::f32, Device::cpu())}); }) ==
+          "[Muon] momentum_into: output 0 is Tensor(f32, [15], cpu), 'm0' has 16 elements");
+    CHECK(unchanged([&] { muon.momentum_into(0, {foreign.get()}, {out}); }) ==
+          "[Muon] momentum_into: parameter 'foreign' is not in this optimizer");
+    CHECK(unchanged([&] { muon.momentum_chunk(0, *foreign, 0, 4, Tensor(), out.narrow(0, 0, 4)); }) ==
+          "[Muon] momentum_chunk: parameter 'foreign' is not in this optimizer");
+    CHECK(unchanged([&] { muon.update_params(0, {nullptr}); }) == "[Muon] update_params: null parameter");
+    CHECK(unchanged([&] {
+            muon.process_unsharded_batch(0, {m0.get(), m1.get()}, Tensor::zeros({1, 4, 4}, DType::f32, Device::cpu()));
+          }) == "[Muon] process_unsharded_batch: ns_input is Tensor(f32, [1, 4, 4], cpu), the params have 2 matrices");
+    // The good calls still work.
+    adamw.update_param(1, *b);
+    muon.update_params(0, {m0.get(), m1.get()});
+    muon.synchronize();
+    CHECK(adamw.state().count(b.get()) == 1);
+    CHECK(muon.state().count(m1.get()) == 1);
+  }
+
   TEST_CASE("MuonWithAdamW: a bad AdamW grad stops Muon's half too") {
     auto params = model(true);
     MuonWithAdamW opt(Stream(Device::cpu()), params);

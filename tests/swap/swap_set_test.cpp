@@ -389,4 +389,22 @@ TEST_SUITE("swap") {
     CHECK(error_of([&] { SwapOptimizerSet set(std::move(members)); }) ==
           "[swap] member 'adamw' runs on another stream than 'muon': the members of a set share one stream");
   }
+
+  TEST_CASE("SwapOptimizerSet: a param in two members, or two sharing memory, is refused (it would be updated twice)") {
+    Stream stream(Device::cpu());
+    const Tensor storage = Tensor::zeros({8}, DType::f32, Device::cpu());
+    ParamPtr p = make_param("p", storage.narrow(0, 0, 4)), q = make_param("q", storage.narrow(0, 2, 4));
+    auto make = [&](const ParamPtr& first, const ParamPtr& second) {
+      AdamW a(stream), b(stream);
+      a.add_param_group({first});
+      b.add_param_group({second});
+      std::vector<SwapOptimizerSet::Member> members;
+      members.emplace_back("a", swap_adamw(a));
+      members.emplace_back("b", swap_adamw(b));
+      SwapOptimizerSet set(std::move(members));
+    };
+    CHECK(error_of([&] { make(p, p); }) ==
+          "[swap] parameter 'p' is in members 'a' and 'b': each param belongs to one member");
+    CHECK(error_of([&] { make(p, q); }).rfind("[swap] parameters 'p' and 'q' share memory", 0) == 0);
+  }
 }

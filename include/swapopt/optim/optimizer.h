@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -210,6 +211,9 @@ class Optimizer {
    *  data (same shape, contiguous, on this device, not released). A grad's dtype may be any (bf16 or
    *  f16 grads on f32 params): the fused updates read it exactly, as if converted to f32 first. */
   void check_params_with_grad() const;
+  /** For the update pieces the swap adapters call (public, so checked): throws unless `group` is
+   *  one of this optimizer's groups and every one of `params` is a param of it, naming `call`. */
+  void check_in_group(size_t group, std::span<const Param* const> params, const char* call) const;
   /** The state tensor `key` of `param`, created as zeros when missing. */
   Tensor& state_tensor(const Param& param, const std::string& key);
 
@@ -251,6 +255,7 @@ class Optimizer {
   struct AddedAs {
     Shape shape;
     DType dtype;
+    size_t group;
   };
   std::vector<AddedAs> added_as_;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
