@@ -112,8 +112,10 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   std::unordered_set<std::string> names;  // checkpoints name each param's state by its name
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] null parameter");
-    SWAPOPT_CHECK(param_indices_.count(p.get()) == 0 && seen.insert(p.get()).second,
+    SWAPOPT_CHECK(param_indices_.count(p.get()) == 0,
                   "[" << name_ << "] parameter '" << p->name << "' is in more than one group");
+    SWAPOPT_CHECK(seen.insert(p.get()).second,
+                  "[" << name_ << "] parameter '" << p->name << "' is listed twice in the group");
     SWAPOPT_CHECK(!p->name.empty(), "[" << name_ << "] a parameter has no name (checkpoints name each param's state)");
     SWAPOPT_CHECK(json::is_utf8(p->name), "[" << name_ << "] parameter name '" << p->name
                                               << "' is not valid UTF-8 (checkpoints store names as JSON text)");
