@@ -131,7 +131,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
-    added_as_.push_back({p->data.shape(), p->data.dtype(), groups_.size()});
+    added_as_.push_back({p.get(), p->data.shape(), p->data.dtype(), groups_.size()});
   }
   groups_.push_back({std::move(params), 0});
 }
@@ -140,6 +140,10 @@ void Optimizer::check_params_with_grad() const {
   size_t index = 0;
   for (const ParamGroup& group : groups_)
     for (const ParamPtr& p : group.params) {
+      // param_groups() is mutable: a param put there directly never passed add_param_group().
+      SWAPOPT_CHECK(index < added_as_.size() && added_as_[index].param == p.get(),
+                    "[" << name_ << "] parameter '" << (p ? p->name : std::string("null"))
+                        << "' was put into param_groups() directly: add params with add_param_group()");
       const AddedAs& added = added_as_[index++];
       if (!p->has_grad()) continue;
       // Built only for a message: a step checks every param.

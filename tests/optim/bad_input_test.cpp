@@ -221,6 +221,19 @@ TEST_SUITE("bad input") {
         }
   }
 
+  TEST_CASE("a param put into param_groups() directly is a named error of the step, every byte unchanged") {
+    Subject s(true, false);
+    set_grads(s.params, 3);
+    const std::string before = s.snap();
+    ParamPtr stray = make_param("stray", test::random_tensor({8}, DType::f32, 7));
+    stray->grad = test::random_tensor({8}, DType::f32, 8);
+    s.optimizer->param_groups()[0].params.push_back(stray);
+    CHECK(error_of([&] { s.step(); }) ==
+          "[AdamW] parameter 'stray' was put into param_groups() directly: add params with add_param_group()");
+    s.optimizer->param_groups()[0].params.pop_back();
+    CHECK(s.snap() == before);
+  }
+
   TEST_CASE("a param's data pointed at another buffer of its shape and dtype: the step updates it, swapped as bare") {
     for (bool adamw : {false, true}) {
       Subject bare(adamw, false), swapped(adamw, true);

@@ -235,7 +235,7 @@ TEST_CASE("an HSDP step waits on the host only for its grads check and at its en
       // The grads check, at least an all-gather and a broadcast per sharded assignment, and the
       // replicate broadcasts.
       REQUIRE(issues.size() >= 4);
-      // The grads check (an all-gather per shard group) is waited for before anything changes, in
+      // The grads check (one all-reduce) is waited for before anything changes, in
       // one run of waits; after it, no host wait until every collective of the step is issued,
       // and then one for each of them.
       REQUIRE(!waits.empty());

@@ -126,8 +126,8 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** Also: no shard without HSDP; under HSDP (collective) every rank of each shard group steps
-   *  the same params, compared before anything changes. */
+  /** Also: no shard without HSDP; under HSDP (collective) every rank of the mesh steps the same
+   *  HSDP params, compared before anything changes. */
   void check_step() override;
   /** Under HSDP, the answer of every rank (an all-reduce over the world group). */
   bool grads_nonfinite() override;

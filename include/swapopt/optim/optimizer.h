@@ -119,7 +119,7 @@ class Optimizer {
    *  point `data` at another buffer between steps, not reshape it) and its grad (shape, device,
    *  contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
-   *  as it was. Collective under HSDP (the shard groups compare which params they step). */
+   *  as it was. Collective under HSDP (the ranks compare which params they step). */
   virtual void check_step();
   /** Throws the first bad option of any group, as the group's constructor would. */
   virtual void validate_options() const = 0;
@@ -253,6 +253,7 @@ class Optimizer {
   void check_disjoint(const std::vector<ParamPtr>& added) const;
   /** Each param's shape and dtype when added (its state has them), by param_index(). */
   struct AddedAs {
+    const Param* param;
     Shape shape;
     DType dtype;
     size_t group;
