@@ -41,7 +41,7 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     sum += weight * double(each[i]) * double(each[i]);
   }
   if (world != nullptr) {
-    sum = double(sum_over_ranks(*world, stream, float(sum)));
+    sum = double(sum_over_ranks(*world, stream.device(), float(sum)));
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

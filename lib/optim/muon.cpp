@@ -302,11 +302,10 @@ void Muon::validate_options() const {
   for (size_t g = 0; g < options_.size(); ++g) validate_group(options_[g], g, name_);
 }
 
-void Muon::check_step() {
+void Muon::check_step_locally() {
   validate_options();
   for (size_t g = 0; g < groups_.size(); ++g) local_params(g);  // throws for a shard without HSDP
   check_params_with_grad();
-  if (hsdp_enabled()) check_hsdp_grads();
 }
 
 void Muon::run_step() {

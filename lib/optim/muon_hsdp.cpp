@@ -143,32 +143,32 @@ bool Muon::grads_nonfinite() { return on_any_rank(Optimizer::grads_nonfinite());
 
 bool Muon::on_any_rank(bool mine) {
   if (!hsdp_enabled()) return mine;
-  return sum_over_ranks(mesh_groups_->world(), stream_, mine ? 1.f : 0.f) != 0.f;
+  return sum_over_ranks(mesh_groups_->world(), device(), mine ? 1.f : 0.f) != 0.f;
 }
 
-void Muon::check_hsdp_grads() {
-  // Every rank of the mesh holds each HSDP param (whole or its shard) and must step the same ones:
-  // the packing of update_sharded depends on it, and an owner without a grad would leave its
-  // replicas' param as it was while theirs has a grad. Per param, the count of ranks holding its
-  // grad (exact in f32) must be none or all, so a mismatch fails on every rank alike.
+void Muon::agree_on_checks(std::exception_ptr local_failure) {
+  if (!hsdp_enabled() || mesh_groups_->world().size() == 1) return Optimizer::agree_on_checks(local_failure);
+  // One all-reduce over the mesh: how many ranks failed their local checks, and per HSDP param how
+  // many hold its grad (exact in f32). A check failing on one rank then fails the step on every
+  // rank before any of them starts the update's collectives (which would wait for it). Every rank
+  // must step the same HSDP params: the packing of update_sharded depends on it, and an owner
+  // without a grad would leave its replicas' param as it was while theirs has a grad.
   Communicator& world = mesh_groups_->world();
-  if (world.size() == 1) return;
   std::vector<const Param*> params;
-  std::vector<float> with_grad;
+  std::vector<float> counts = {local_failure ? 1.f : 0.f};
   for (const HsdpAssignment& a : schedule_)
     for (const Param* p : a.params) {
       params.push_back(p);
-      with_grad.push_back(p->has_grad() ? 1.f : 0.f);
+      counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
-  if (params.empty()) return;
-  const Tensor counts = Tensor::empty({int64_t(params.size())}, DType::f32, device(), &stream_);
-  ops::copy(stream_, Tensor::from_floats(with_grad, {int64_t(params.size())}), counts);
-  world.start_after(stream_);
-  wait_collectives({world.all_reduce(counts)});
-  const std::vector<float> ranks = counts.to_float_vector();
+  counts = sum_over_ranks(world, device(), counts);
+  if (local_failure) std::rethrow_exception(local_failure);
+  SWAPOPT_CHECK(counts[0] == 0.f, "[Muon] the step's checks failed on " << counts[0] << " of " << world.size()
+                                                                        << " ranks (their errors say why): the step "
+                                                                           "changed nothing");
   for (size_t i = 0; i < params.size(); ++i)
-    SWAPOPT_CHECK(ranks[i] == 0.f || ranks[i] == float(world.size()),
-                  "[Muon] '" << params[i]->name << "' has a grad on " << ranks[i] << " of " << world.size()
+    SWAPOPT_CHECK(counts[i + 1] == 0.f || counts[i + 1] == float(world.size()),
+                  "[Muon] '" << params[i]->name << "' has a grad on " << counts[i + 1] << " of " << world.size()
                              << " ranks (a grad is missing on some ranks): every HSDP rank must step the same params");
 }
 

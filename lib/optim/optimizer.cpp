@@ -42,8 +42,11 @@ void Optimizer::synchronize() {
 void Optimizer::step() {
   release_retired_grads();
   check_unwrapped("step()");
-  apply_schedule();
-  check_step();
+  Optimizer* self = this;
+  check_together({&self, 1}, [this] {
+    apply_schedule();
+    check_step_locally();
+  });
   last_step_skipped_ = skip_this_step();
   if (!last_step_skipped_) run_step();
   record_step_events();
@@ -199,8 +202,28 @@ void Optimizer::check_unwrapped(const std::string& call) const {
 }
 
 void Optimizer::check_step() {
+  Optimizer* self = this;
+  check_together({&self, 1}, [this] { check_step_locally(); });
+}
+
+void Optimizer::check_step_locally() {
   validate_options();
   check_params_with_grad();
+}
+
+void Optimizer::agree_on_checks(std::exception_ptr local_failure) {
+  if (local_failure) std::rethrow_exception(local_failure);
+}
+
+void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks) {
+  std::exception_ptr failure;
+  try {
+    local_checks();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (Optimizer* o : optimizers) o->agree_on_checks(failure);  // the first to agree rethrows a failure
+  if (failure) std::rethrow_exception(failure);                 // (none of them spans ranks)
 }
 
 int64_t Optimizer::param_index(const Param* param) const {

@@ -131,8 +131,10 @@ void MuonWithAdamW::step() {
   // Both halves scheduled and checked before either changes anything.
   const std::array<Optimizer*, 2> halves = this->halves();
   check_halves_unwrapped("step()");
-  for (Optimizer* half : halves) half->apply_schedule();
-  for (Optimizer* half : halves) half->check_step();
+  Optimizer::check_together(halves, [&] {
+    for (Optimizer* half : halves) half->apply_schedule();
+    for (Optimizer* half : halves) half->check_step_locally();
+  });
   bool skip = false;  // a non-finite grad in either half skips both
   for (Optimizer* half : halves) skip = half->skip_this_step() || skip;
   for (Optimizer* half : halves) {

@@ -1,19 +1,27 @@
 #pragma once
-// One f32 value summed over a communicator's ranks (internal; clipping's norm, the non-finite vote).
+// f32 values summed over a communicator's ranks (internal; the step checks' agreement, clipping's
+// norm, the non-finite vote).
+
+#include <vector>
 
 #include "swapopt/comm/communicator.h"
-#include "swapopt/core/ops.h"
+#include "swapopt/core/tensor.h"
 
 namespace swapopt {
 
-/** `value` summed over every rank of `group`, through a stream-ordered one-element tensor on
- *  `stream`'s device (NCCL needs device memory). Collective; waits on the host. */
-inline float sum_over_ranks(Communicator& group, Stream& stream, float value) {
-  const Tensor total = Tensor::empty({1}, DType::f32, stream.device(), &stream);
-  ops::copy(stream, Tensor::from_floats({value}, {1}), total);
-  stream.synchronize();  // the collective reads `total` now
+/** Each of `values` summed over every rank of `group` (one all-reduce of a tensor on `device`: NCCL
+ *  needs device memory). The tensor is staged through the device's default stream, not a caller's:
+ *  a stream holding an earlier failure would make this rank throw alone and leave the others
+ *  waiting in the collective. Collective; waits on the host. */
+inline std::vector<float> sum_over_ranks(Communicator& group, Device device, const std::vector<float>& values) {
+  const Tensor total = Tensor::from_floats(values, {int64_t(values.size())}, DType::f32, device);
   group.all_reduce(total)->wait();
-  return total.to_float_vector()[0];
+  return total.to_float_vector();
+}
+
+/** One value summed over every rank of `group`, as above. */
+inline float sum_over_ranks(Communicator& group, Device device, float value) {
+  return sum_over_ranks(group, device, std::vector<float>{value})[0];
 }
 
 }  // namespace swapopt

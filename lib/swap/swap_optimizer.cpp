@@ -61,9 +61,12 @@ void SwapOptimizer::step() {
 // Everything that can reject the step runs before anything changes: the optimizer's checks, the
 // plan and the budget. State a unit creates is made when run() starts.
 SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
-  check_save();
-  optimizer().apply_schedule();
-  optimizer().check_step();
+  Optimizer* optimizer = &this->optimizer();
+  Optimizer::check_together({&optimizer, 1}, [&] {
+    check_save();
+    optimizer->apply_schedule();
+    optimizer->check_step_locally();
+  });
   return plan_checked_step();
 }
 

@@ -57,12 +57,16 @@ SwapOptimizerSet::~SwapOptimizerSet() {
 }
 
 void SwapOptimizerSet::step() {
-  if (save_ && save_->finished()) wait_save();  // a failed background save is reported before anything changes
   // Every member's save, schedule and checks before any member plans, as MuonWithAdamW::step()
   // does: a bad grad in one member leaves every member's options and flags as the bare step would.
-  for (Member& m : members_) m.second->check_save();
-  for (Member& m : members_) m.second->optimizer().apply_schedule();
-  for (Member& m : members_) m.second->optimizer().check_step();
+  std::vector<Optimizer*> optimizers;
+  for (Member& m : members_) optimizers.push_back(&m.second->optimizer());
+  Optimizer::check_together(optimizers, [&] {
+    if (save_ && save_->finished()) wait_save();  // a failed background save is reported before anything changes
+    for (Member& m : members_) m.second->check_save();
+    for (Optimizer* o : optimizers) o->apply_schedule();
+    for (Optimizer* o : optimizers) o->check_step_locally();
+  });
   std::vector<SwapOptimizer::PlannedStep> plans;
   plans.reserve(members_.size());
   bool skip = false;  // a non-finite grad in any member skips them all

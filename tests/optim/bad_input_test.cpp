@@ -541,41 +541,70 @@ TEST_SUITE("bad input") {
     CHECK(swapped->state_dict().tensors.count("state.0.max_exp_avg_sq") == 0);
   }
 
-  TEST_CASE("2-rank HSDP: a bad grad, or ranks stepping different params, fails on every rank with nothing changed") {
+  TEST_CASE(
+      "2-rank HSDP: a bad grad, a check failing on one rank alone, or ranks stepping different params, fails on every "
+      "rank with nothing changed") {
     // Mesh 1x2: w0 and w2 row-sharded over both ranks, w1 local. Mesh 2x1: w0 and w2 replicated
     // (a shard group of one rank), each updated by one owner and broadcast to the other.
     struct Case {
       std::string what;
       std::vector<int64_t> mesh;
-      std::function<void(std::vector<ParamPtr>&, int rank)> edit;
+      std::function<void(std::vector<ParamPtr>&, Muon&, int rank)> edit;
       std::string message;
+      std::string rank0_message = "";  // "": rank 0 gets `message` too
     };
     const std::string missing = " ranks (a grad is missing on some ranks): every HSDP rank must step the same params";
+    const std::string other_rank =
+        "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed nothing";
     const std::vector<Case> cases = {
         {"wrong shape on both ranks",
          {1, 2},
-         [](std::vector<ParamPtr>& p, int) {
+         [](std::vector<ParamPtr>& p, Muon&, int) {
            p[2]->grad = Tensor::zeros({16, 31}, DType::f32, Device::cpu());
          },
          "[Muon] grad of 'w2' is Tensor(f32, [16, 31], cpu), the param Tensor(f32, [16, 32], cpu)"},
         {"a grad missing on rank 1 of a shard group",
          {1, 2},
-         [](std::vector<ParamPtr>& p, int rank) {
+         [](std::vector<ParamPtr>& p, Muon&, int rank) {
            if (rank == 1) p[2]->grad = Tensor();
          },
          "[Muon] 'w2' has a grad on 1 of 2" + missing},
         {"a grad missing on a replica",
          {2, 1},
-         [](std::vector<ParamPtr>& p, int rank) {
+         [](std::vector<ParamPtr>& p, Muon&, int rank) {
            if (rank == 1) p[2]->grad = Tensor();
          },
          "[Muon] 'w2' has a grad on 1 of 2" + missing},
         {"a grad missing on the other replica",
          {2, 1},
-         [](std::vector<ParamPtr>& p, int rank) {
+         [](std::vector<ParamPtr>& p, Muon&, int rank) {
            if (rank == 0) p[2]->grad = Tensor();
          },
          "[Muon] 'w2' has a grad on 1 of 2" + missing},
+        // A check failing on one rank alone: the other rank would otherwise go on into the update's
+        // collectives and wait there for the failed one until the timeout.
+        {"a bad grad of a local param on rank 1 only",
+         {1, 2},
+         [](std::vector<ParamPtr>& p, Muon&, int rank) {
+           if (rank == 1) p[1]->grad = p[1]->grad.view({48, 16});
+         },
+         "[Muon] grad of 'w1' is Tensor(f32, [48, 16], cpu), the param Tensor(f32, [16, 48], cpu)",
+         other_rank},
+        {"a bad option on rank 1 only",
+         {2, 1},
+         [](std::vector<ParamPtr>&, Muon& muon, int rank) {
+           if (rank == 1) muon.mutable_options(0).momentum = 1.5;
+         },
+         "[Muon] group 0: momentum must be in [0, 1), got 1.5",
+         other_rank},
+        {"a schedule failing on rank 1 only",
+         {1, 2},
+         [](std::vector<ParamPtr>&, Muon& muon, int rank) {
+           muon.set_schedule(
+               [rank](int64_t step) { SWAPOPT_CHECK(rank != 1, "[test] no learning rate for step " << step); });
+         },
+         "[test] no learning rate for step 3",
+         other_rank},
     };
     for (const Case& c : cases)
       for (bool swap : {false, true}) {
@@ -610,17 +639,56 @@ TEST_SUITE("bad input") {
                 step();
               }
               set_grads(params, 3);
-              c.edit(params, rank);
+              c.edit(params, muon, rank);
               const std::string before = snapshot(muon, params, swapped.get());
               error = error_of(step);
               unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
             });
-        for (int rank = 0; rank < 2; ++rank) {
-          CAPTURE(rank);
-          CHECK(out.errors[size_t(rank)] == c.message);
-          CHECK(out.unchanged[size_t(rank)] == "yes");
-        }
+        CHECK(out.errors[0] == (c.rank0_message.empty() ? c.message : c.rank0_message));
+        CHECK(out.errors[1] == c.message);
+        CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
       }
+  }
+
+  TEST_CASE(
+      "2-rank HSDP MuonWithAdamW, bare and as a SwapOptimizerSet: a bad AdamW grad on one rank fails the step on both "
+      "ranks, changing nothing") {
+    // Mesh 2x1: the matrices replicated (each updated by its owner, then broadcast), the vector in
+    // AdamW. Only rank 1's AdamW grad is bad: rank 0 would otherwise go on into Muon's broadcasts.
+    for (bool swap : {false, true}) {
+      CAPTURE(swap);
+      const TwoRankOutcome out = on_two_ranks(
+          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
+                                                     std::vector<std::string>{"replicate", "shard"}, rank);
+            std::vector<ParamPtr> params = model(true);
+            for (const ParamPtr& p : params)
+              if (p->data.dim() == 2)
+                p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+            MuonWithAdamW opt(Stream(Device::cpu()), params);
+            opt.muon().enable_hsdp(comm, HsdpOptions{.name = swap ? "setS" : "setB"});
+            std::unique_ptr<SwapOptimizerSet> swapped = swap ? swap_muon_with_adamw(opt, {.min_numel = 1}) : nullptr;
+            auto step = [&] { swapped ? swapped->step() : opt.step(); };
+            auto snap = [&] {
+              SwapOptimizer* muon = swapped ? swapped->members()[0].second.get() : nullptr;
+              SwapOptimizer* adamw = swapped ? swapped->members()[1].second.get() : nullptr;
+              return snapshot(opt.muon(), params, muon) + snapshot(opt.adamw(), params, adamw);
+            };
+            for (int s = 1; s <= 2; ++s) {
+              set_grads(params, s);
+              step();
+            }
+            set_grads(params, 3);
+            if (rank == 1) params[1]->grad = Tensor::zeros({63}, DType::f32, Device::cpu());
+            const std::string before = snap();
+            error = error_of(step);
+            unchanged = snap() == before ? "yes" : "no";
+          });
+      CHECK(out.errors[0] ==
+            "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed nothing");
+      CHECK(out.errors[1] == "[AdamW] grad of 'bias' is Tensor(f32, [63], cpu), the param Tensor(f32, [64], cpu)");
+      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+    }
   }
 
   TEST_CASE(

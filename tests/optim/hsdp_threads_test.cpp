@@ -221,7 +221,7 @@ std::vector<size_t> positions(const std::vector<std::string>& log, const std::st
   return out;
 }
 
-TEST_CASE("an HSDP step waits on the host only for its grads check and at its end") {
+TEST_CASE("an HSDP step waits on the host only for its checks' agreement and at its end") {
   const LoggedSteps steps = logged_steps(-1);
   for (size_t rank = 0; rank < steps.errors.size(); ++rank)
     for (const auto* log : {&steps.bare_logs[rank], &steps.swap_logs[rank]}) {
@@ -230,23 +230,27 @@ TEST_CASE("an HSDP step waits on the host only for its grads check and at its en
       CHECK(steps.bare_errors[rank] == "");
       CHECK(steps.swap_errors[rank] == "");
       const std::vector<size_t> issues = positions(*log, "issue"), waits = positions(*log, "wait");
-      // Each collective starts after the stream's work so far.
-      for (size_t k : issues) CHECK((k > 0 && (*log)[k - 1] == "start_after"));
-      // The grads check, at least an all-gather and a broadcast per sharded assignment, and the
-      // replicate broadcasts.
+      // The checks' agreement, at least an all-gather and a broadcast per sharded assignment, and
+      // the replicate broadcasts.
       REQUIRE(issues.size() >= 4);
-      // The grads check (one all-reduce) is waited for before anything changes, in
-      // one run of waits; after it, no host wait until every collective of the step is issued,
-      // and then one for each of them.
+      // The checks' agreement (one all-reduce) is waited for before anything changes, in one run
+      // of waits; after it, no host wait until every collective of the step is issued, and then
+      // one for each of them.
       REQUIRE(!waits.empty());
       size_t check_end = waits.front();
       while (check_end < log->size() && (*log)[check_end] == "wait") ++check_end;
+      CHECK(issues.front() < check_end);
       CHECK(check_end < issues.back());
+      // Its tensor is staged on the host, apart from the stream (which may hold an earlier
+      // failure); each update collective starts after the stream's work so far.
+      CHECK((issues.front() == 0 || (*log)[issues.front() - 1] != "start_after"));
+      for (size_t k : issues)
+        if (k > check_end) CHECK((*log)[k - 1] == "start_after");
       for (size_t w : waits) CHECK((w < check_end || w > issues.back()));
       const auto update_issues = std::count_if(issues.begin(), issues.end(), [&](size_t k) { return k > check_end; });
       const auto update_waits = std::count_if(waits.begin(), waits.end(), [&](size_t k) { return k > check_end; });
       CHECK(update_waits == update_issues);
-      // Every update collective hands its result to the stream, none of the grads check's.
+      // Every update collective hands its result to the stream, none of the checks' agreement's.
       CHECK(std::count(log->begin(), log->end(), "finish_before") == update_issues);
     }
 }
@@ -254,7 +258,7 @@ TEST_CASE("an HSDP step waits on the host only for its grads check and at its en
 TEST_CASE(
     "an HSDP step whose collective fails waits for every other one, throws the first error, leaves its streams "
     "usable") {
-  // Issue 0 is the grads check's all-reduce (a failed check changes nothing); 3 and 5 are
+  // Issue 0 is the checks' agreement (one all-reduce) (a failed check changes nothing); 3 and 5 are
   // collectives of the update, waited for at the step's end.
   for (int fail_issue : {0, 3, 5}) {
     CAPTURE(fail_issue);
@@ -278,14 +282,17 @@ TEST_CASE(
   // The finish_before of collective 2 (an update collective in the middle of the step, the same
   // point on every rank) throws: the bare step and the swap runtime's unwind wait for every
   // collective issued so far.
-  const LoggedSteps steps = logged_steps(-1, 2);
+  const LoggedSteps steps = logged_steps(-1, 2), whole = logged_steps(-1);
   for (size_t rank = 0; rank < steps.errors.size(); ++rank) {
     CAPTURE(rank);
     CHECK(steps.errors[rank] == "");
     CHECK(steps.bare_errors[rank] == "[test] injected failure to order a stream");
     CHECK(steps.swap_errors[rank] == "[test] injected failure to order a stream");
-    for (const auto* log : {&steps.bare_logs[rank], &steps.swap_logs[rank]}) {
-      CHECK(positions(*log, "issue").size() >= 3);  // the failure came before the step ended
+    for (const auto& [log, whole_log] : {std::pair(&steps.bare_logs[rank], &whole.bare_logs[rank]),
+                                         std::pair(&steps.swap_logs[rank], &whole.swap_logs[rank])}) {
+      // The failure came in the middle: after collective 2, before the step's last one.
+      CHECK(positions(*log, "issue").size() >= 3);
+      CHECK(positions(*log, "issue").size() < positions(*whole_log, "issue").size());
       CHECK(positions(*log, "wait").size() == positions(*log, "issue").size());
     }
   }

@@ -126,9 +126,6 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** Also: no shard without HSDP; under HSDP (collective) every rank of the mesh steps the same
-   *  HSDP params, compared before anything changes. */
-  void check_step() override;
   /** Under HSDP, the answer of every rank (an all-reduce over the world group). */
   bool grads_nonfinite() override;
   bool on_any_rank(bool mine) override;
@@ -172,7 +169,7 @@ class Muon : public Optimizer {
                          const std::vector<Param*>& owned_with_grad);
   /** The end of an HSDP step: the stream takes the broadcasts in flight (receivers' copies), then
    *  the host waits for every collective of the step, in issue order, each one even after
-   *  another failed, rethrowing the first error. Besides the grads check (and the non-finite vote
+   *  another failed, rethrowing the first error. Besides the checks' agreement (and the non-finite vote
    *  when enabled), that is the step's only host wait (in between the collectives and the stream
    *  order each other on the device, Communicator::start_after and Work::finish_before), and it is
    *  what turns a lost peer into an error from the step (NCCL: the timeout aborts the
@@ -249,8 +246,11 @@ class Muon : public Optimizer {
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
   void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                       const MomentumWriter& write_momentum);
-  /** Collective over the mesh (one all-reduce): every rank steps the same HSDP params. */
-  void check_hsdp_grads();
+  /** Also: no shard without HSDP. */
+  void check_step_locally() override;
+  /** Under HSDP, one all-reduce over the mesh: the local failures and, per HSDP param, the ranks
+   *  holding its grad (every rank steps the same HSDP params). */
+  void agree_on_checks(std::exception_ptr local_failure) override;
   /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
   void wait_collectives(const std::vector<WorkPtr>& works);
 

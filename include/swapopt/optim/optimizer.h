@@ -1,6 +1,7 @@
 #pragma once
 /** Optimizer base: parameter groups, per-parameter named state, step(), state dicts. */
 
+#include <exception>
 #include <functional>
 #include <map>
 #include <span>
@@ -119,8 +120,10 @@ class Optimizer {
    *  point `data` at another buffer between steps, not reshape it) and its grad (shape, device,
    *  contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
-   *  as it was. Collective under HSDP (the ranks compare which params they step). */
-  virtual void check_step();
+   *  as it was. Collective under HSDP: the ranks compare which params they step, and a check
+   *  failing on one rank fails on every rank ("[Muon] the step's checks failed on 1 of 2 ranks
+   *  ..." where the rank's own error is not), so no rank is left waiting in a collective. */
+  void check_step();
   /** Throws the first bad option of any group, as the group's constructor would. */
   virtual void validate_options() const = 0;
 
@@ -178,6 +181,16 @@ class Optimizer {
   friend class SwapOptimizerSet;
   /** Calls the schedule, if any, with the number of the step about to run. */
   void apply_schedule();
+  /** The checks of check_step() this rank makes alone: nothing collective, nothing changed. */
+  virtual void check_step_locally();
+  /** After every local check of a step: rethrows `local_failure` (the first error of those
+   *  checks, or null). HSDP Muon first has the ranks agree (collective): a failure on any rank
+   *  fails the step on every rank. */
+  virtual void agree_on_checks(std::exception_ptr local_failure);
+  /** Runs `local_checks` (this rank's checks of one step of `optimizers`, stepped as one), catching
+   *  its error, then has each optimizer agree_on_checks(): every rank reaches the same collectives
+   *  and throws or passes alike. */
+  static void check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks);
   /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite()).
    *  Changes nothing: the caller sets last_step_skipped() once the step cannot throw its checks. */
   bool skip_this_step();
