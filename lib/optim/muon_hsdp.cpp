@@ -126,7 +126,10 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   mesh_groups_ = std::move(mesh_groups);
   schedule_ = std::move(schedule);
   for (const HsdpAssignment& a : schedule_)
-    for (size_t i = 0; i < a.params.size(); ++i) keeps_state_[a.params[i]] = a.owners[i] == a.local_coordinate;
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      keeps_state_[a.params[i]] = a.owners[i] == a.local_coordinate;
+      fix_layout(*a.params[i]);  // planned for its shard as it is now (checked above), on every rank
+    }
   hsdp_options_ = options;
 }
 

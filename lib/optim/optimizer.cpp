@@ -134,7 +134,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
-    added_as_.push_back({p.get(), p->data.shape(), p->data.dtype(), groups_.size()});
+    records_.push_back({p.get(), groups_.size()});
   }
   groups_.push_back({std::move(params), 0});
 }
@@ -144,18 +144,19 @@ void Optimizer::check_params_with_grad() const {
   for (const ParamGroup& group : groups_)
     for (const ParamPtr& p : group.params) {
       // param_groups() is mutable: a param put there directly never passed add_param_group().
-      SWAPOPT_CHECK(index < added_as_.size() && added_as_[index].param == p.get(),
+      SWAPOPT_CHECK(index < records_.size() && records_[index].param == p.get(),
                     "[" << name_ << "] parameter '" << (p ? p->name : std::string("null"))
                         << "' was put into param_groups() directly: add params with add_param_group()");
-      const AddedAs& added = added_as_[index++];
+      const ParamRecord& record = records_[index++];
       if (!p->has_grad()) continue;
       // Built only for a message: a step checks every param.
       const auto param = [&] { return "[" + name_ + "] parameter '" + p->name + "'"; };
       const Tensor& d = p->data;
       SWAPOPT_CHECK(d.defined() && !d.is_released(), param() << " has no data (undefined or released)");
-      SWAPOPT_CHECK(d.shape() == added.shape && d.dtype() == added.dtype,
-                    param() << " is " << d.str() << ", added as " << dtype_name(added.dtype) << " "
-                            << shape_str(added.shape) << " (its state has that shape and dtype)");
+      SWAPOPT_CHECK(!record.fixed || (d.shape() == record.shape && d.dtype() == record.dtype),
+                    param() << " is " << d.str() << ", its state was laid out for " << dtype_name(record.dtype) << " "
+                            << shape_str(record.shape)
+                            << ": data may point at another buffer of that shape and dtype, not be reshaped or cast");
       SWAPOPT_CHECK(d.device() == device(),
                     param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
       SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
@@ -177,10 +178,24 @@ void Optimizer::check_in_group(size_t group, std::span<const Param* const> param
     const auto it = param_indices_.find(p);
     SWAPOPT_CHECK(it != param_indices_.end(),
                   "[" << name_ << "] " << call << ": parameter '" << p->name << "' is not in this optimizer");
-    const size_t in = added_as_[size_t(it->second)].group;
+    const size_t in = records_[size_t(it->second)].group;
     SWAPOPT_CHECK(in == group, "[" << name_ << "] " << call << ": parameter '" << p->name << "' is in group " << in
                                    << ", not group " << group);
   }
+}
+
+void Optimizer::fix_layout(const Param& param) {
+  ParamRecord& record = records_[size_t(param_index(&param))];
+  if (record.fixed) return;
+  record.fixed = true;
+  record.shape = param.data.shape();
+  record.dtype = param.data.dtype();
+}
+
+void Optimizer::set_wrapped(bool wrapped) {
+  wrapped_ = wrapped;
+  if (wrapped)
+    for (const ParamRecord& record : records_) fix_layout(*record.param);
 }
 
 void Optimizer::zero_grad() {
@@ -248,6 +263,7 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
     Tensor zeros = Tensor::empty(param.data.shape(), state_dtype(key, param), device(), &stream_);
     ops::fill_zero(stream_, zeros);
     it = ps.tensors.emplace(key, zeros).first;
+    fix_layout(param);
   }
   return it->second;
 }
@@ -423,7 +439,10 @@ std::function<void()> Optimizer::prepare_load(
     apply_options();
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];
     state_.clear();
-    for (const Entry& e : entries) write_tensor(*e.param, e.key, *e.tensor);
+    for (const Entry& e : entries) {
+      write_tensor(*e.param, e.key, *e.tensor);
+      fix_layout(*e.param);  // the tensors were checked against its data as it is now
+    }
     for (size_t i = 0; i < by_index.size(); ++i) {
       auto it = state_.find(by_index[i]);
       if (it != state_.end()) it->second.step = param_steps[i];

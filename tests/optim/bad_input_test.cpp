@@ -195,10 +195,12 @@ TEST_SUITE("bad input") {
          [](const Tensor& good) {
            return good.clone().view({16, 64});
          },
-         "parameter 'w2' is Tensor(f32, [16, 64], cpu), added as f32 [32, 32] (its state has that shape and dtype)"},
+         "parameter 'w2' is Tensor(f32, [16, 64], cpu), its state was laid out for f32 [32, 32]: data may point at "
+         "another buffer of that shape and dtype, not be reshaped or cast"},
         {"another dtype",
          [](const Tensor& good) { return Tensor::from_floats(good.to_float_vector(), good.shape(), DType::bf16); },
-         "parameter 'w2' is Tensor(bf16, [32, 32], cpu), added as f32 [32, 32] (its state has that shape and dtype)"},
+         "parameter 'w2' is Tensor(bf16, [32, 32], cpu), its state was laid out for f32 [32, 32]: data may point at "
+         "another buffer of that shape and dtype, not be reshaped or cast"},
         {"another device",
          [](const Tensor&) {
            return Tensor::from_blob(foreign, {32, 32}, DType::f32, Device::cuda(0));
@@ -219,6 +221,64 @@ TEST_SUITE("bad input") {
           s.params.back()->data = good;
           CHECK(s.snap() == before);
         }
+  }
+
+  TEST_CASE(
+      "a param may be cast until the optimizer lays out its state: its first update, a checkpoint load or a swap "
+      "wrapper fixes its shape and dtype") {
+    const std::string fixed =
+        "] parameter 'w' is Tensor(f32, [8, 8], cpu), its state was laid out for bf16 [8, 8]: data "
+        "may point at another buffer of that shape and dtype, not be reshaped or cast";
+    auto to_dtype = [](const Tensor& t, DType dtype) {
+      return Tensor::from_floats(t.to_float_vector(), t.shape(), dtype);
+    };
+    auto make = [](bool adamw, const ParamPtr& param) -> std::unique_ptr<Optimizer> {
+      if (adamw) {
+        auto opt = std::make_unique<AdamW>(Stream(Device::cpu()));
+        opt->add_param_group({param});
+        return opt;
+      }
+      auto opt = std::make_unique<Muon>(Stream(Device::cpu()));
+      opt->add_param_group({param});
+      return opt;
+    };
+    for (bool adamw : {false, true}) {
+      CAPTURE(adamw);
+      const ParamPtr w = make_param("w", test::random_tensor({8, 8}, DType::f32, 1));
+      std::unique_ptr<Optimizer> opt = make(adamw, w);
+      const StateDict empty = opt->state_dict();
+      // The trainer casts its model after building the optimizer: the first update lays out the
+      // state for bf16 (Muon's momentum is bf16 then, AdamW's moments f32 as always).
+      w->data = to_dtype(w->data, DType::bf16);
+      w->grad = test::random_tensor({8, 8}, DType::f32, 2);
+      opt->step();
+      opt->synchronize();
+      const DType momentum = opt->state().at(w.get()).tensors.begin()->second.dtype();
+      CHECK(momentum == (adamw ? DType::f32 : DType::bf16));
+      const Tensor bf16 = w->data;
+      w->data = to_dtype(bf16, DType::f32);
+      CHECK(error_of([&] { opt->step(); }) == "[" + opt->name() + fixed);
+      w->data = bf16;
+      opt->step();
+      // A checkpoint load fixes it too (its tensors were checked against the data as it is then),
+      // and so does wrapping, before any state exists.
+      const ParamPtr w2 = make_param("w", to_dtype(w->data, DType::f32));
+      w2->grad = w->grad;
+      std::unique_ptr<Optimizer> loaded = make(adamw, w2);
+      w2->data = to_dtype(w2->data, DType::bf16);
+      loaded->load_state_dict(opt->state_dict());
+      w2->data = to_dtype(w2->data, DType::f32);
+      CHECK(error_of([&] { loaded->step(); }) == "[" + loaded->name() + fixed);
+      loaded->load_state_dict(empty);  // no state: the layout stays fixed
+      CHECK(error_of([&] { loaded->step(); }) == "[" + loaded->name() + fixed);
+    }
+    const ParamPtr w = make_param("w", test::random_tensor({8, 8}, DType::bf16, 1));
+    Muon muon(Stream(Device::cpu()));
+    muon.add_param_group({w});
+    auto swapped = swap_muon(muon, {.min_numel = 1});
+    w->data = to_dtype(w->data, DType::f32);
+    w->grad = test::random_tensor({8, 8}, DType::f32, 2);
+    CHECK(error_of([&] { swapped->step(); }) == "[Muon" + fixed);
   }
 
   TEST_CASE("a param put into param_groups() directly is a named error of the step, every byte unchanged") {
@@ -648,6 +708,45 @@ TEST_SUITE("bad input") {
         CHECK(out.errors[1] == c.message);
         CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
       }
+  }
+
+  TEST_CASE("2-rank HSDP: params sharded after add_param_group, before enable_hsdp, step as if sharded before") {
+    for (bool swap : {false, true}) {
+      CAPTURE(swap);
+      const TwoRankOutcome out = on_two_ranks(
+          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
+                                                     std::vector<std::string>{"replicate", "shard"}, rank);
+            auto shard = [&](const ParamPtr& p) {
+              if (p->name == "w1") return;  // stays local
+              const Shape full = p->data.shape();
+              p->data = p->data.narrow(0, rank * full[0] / 2, full[0] / 2).clone();
+              p->layout = DTensor(p->data, full, mesh, {Placement::Replicate(), Placement::Shard(0)});
+            };
+            std::vector<ParamPtr> early = model(false), late = model(false);
+            for (const ParamPtr& p : early) shard(p);
+            Muon first(Stream(Device::cpu())), then(Stream(Device::cpu()));
+            first.add_param_group(early);
+            then.add_param_group(late);
+            for (const ParamPtr& p : late) shard(p);  // the trainer shards its model after building the optimizer
+            first.enable_hsdp(comm, HsdpOptions{.name = swap ? "earlyS" : "earlyB"});
+            then.enable_hsdp(comm, HsdpOptions{.name = swap ? "lateS" : "lateB"});
+            std::unique_ptr<SwapOptimizer> first_swapped = swap ? swap_muon(first, {.min_numel = 1}) : nullptr;
+            std::unique_ptr<SwapOptimizer> then_swapped = swap ? swap_muon(then, {.min_numel = 1}) : nullptr;
+            error = error_of([&] {
+              for (int s = 1; s <= 2; ++s) {
+                set_grads(early, s);
+                set_grads(late, s);
+                swap ? first_swapped->step() : first.step();
+                swap ? then_swapped->step() : then.step();
+              }
+            });
+            unchanged =
+                snapshot(first, early, first_swapped.get()) == snapshot(then, late, then_swapped.get()) ? "yes" : "no";
+          });
+      CHECK(out.errors == std::vector<std::string>{"", ""});
+      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});  // here: bitwise the same steps
+    }
   }
 
   TEST_CASE(

@@ -116,8 +116,9 @@ class Optimizer {
   void zero_grad();
   /** Checks everything step() relies on, changing nothing: every group's options (those changed
    *  through mutable_options since included) and every param the step updates: its data (not
-   *  released, contiguous, on the device, the shape and dtype it was added with: the trainer may
-   *  point `data` at another buffer between steps, not reshape it) and its grad (shape, device,
+   *  released, contiguous, on the device; once the optimizer laid out its state, the shape and
+   *  dtype it had then: the trainer may point `data` at another buffer between steps, not reshape
+   *  or cast it, see ParamRecord::fixed) and its grad (shape, device,
    *  contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
    *  as it was. Collective under HSDP: the ranks compare which params they step, and a check
@@ -145,8 +146,9 @@ class Optimizer {
   /** Whether a SwapOptimizer wraps this optimizer: its state then lives in the wrapper's host
    *  mirrors, so step(), state_dict() and load_state_dict() go through the wrapper. */
   bool wrapped() const { return wrapped_; }
-  /** Set by SwapOptimizer while it wraps this optimizer. */
-  void set_wrapped(bool wrapped) { wrapped_ = wrapped; }
+  /** Set by SwapOptimizer while it wraps this optimizer; wrapping fixes every param's shape and
+   *  dtype (the host mirrors are laid out for them). */
+  void set_wrapped(bool wrapped);
   /** Throws "[Muon] step() on an optimizer wrapped by a SwapOptimizer: ..." when wrapped. */
   void check_unwrapped(const std::string& call) const;
 
@@ -219,15 +221,17 @@ class Optimizer {
   virtual bool older_files_hold_no_param_steps() const { return false; }
   /** Checks a new group's parameters (throws naming the parameter). */
   void add_group(std::vector<ParamPtr> params);
-  /** Checks every param with a grad: its data against what add_group() saw (not released,
-   *  contiguous, on this device, the shape and dtype it was added with), then its grad against its
+  /** Checks every param with a grad: its data (not released, contiguous, on this device, the
+   *  shape and dtype fixed for it if any: ParamRecord::fixed), then its grad against its
    *  data (same shape, contiguous, on this device, not released). A grad's dtype may be any (bf16 or
    *  f16 grads on f32 params): the fused updates read it exactly, as if converted to f32 first. */
   void check_params_with_grad() const;
   /** For the update pieces the swap adapters call (public, so checked): throws unless `group` is
    *  one of this optimizer's groups and every one of `params` is a param of it, naming `call`. */
   void check_in_group(size_t group, std::span<const Param* const> params, const char* call) const;
-  /** The state tensor `key` of `param`, created as zeros when missing. */
+  /** Fixes `param`'s shape and dtype, as its data has them now, unless fixed already. */
+  void fix_layout(const Param& param);
+  /** The state tensor `key` of `param`, created as zeros when missing (fixing its layout). */
   Tensor& state_tensor(const Param& param, const std::string& key);
 
   /** The family name given at construction ("Muon", "AdamW"): checkpoints carry it and errors
@@ -264,14 +268,19 @@ class Optimizer {
  private:
   /** Throws if two params (those already added and `added`) share memory, naming both. */
   void check_disjoint(const std::vector<ParamPtr>& added) const;
-  /** Each param's shape and dtype when added (its state has them), by param_index(). */
-  struct AddedAs {
+  /** What the optimizer knows of each param, by param_index(). */
+  struct ParamRecord {
     const Param* param;
-    Shape shape;
-    DType dtype;
     size_t group;
+    /** Whether the shape and dtype below are fixed: once the optimizer lays out state for the
+     *  param (its first update makes its state, a checkpoint loads it, a SwapOptimizer wraps the
+     *  optimizer, enable_hsdp plans it), `data` may point at another buffer of them, nothing else.
+     *  Until then the trainer may cast or reshard the param. */
+    bool fixed = false;
+    Shape shape;
+    DType dtype = DType::f32;
   };
-  std::vector<AddedAs> added_as_;
+  std::vector<ParamRecord> records_;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */
