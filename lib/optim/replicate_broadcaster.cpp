@@ -19,12 +19,18 @@ AsyncReplicateBroadcaster::~AsyncReplicateBroadcaster() {
 WorkPtr AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
   finish();  // at most one assignment in flight
   if (!assignment.replicas) return nullptr;
-  // The same buffers on every rank of the block: owners, dtypes and local shapes agree there.
+  // The same buffers on every rank of the block: owners, dtypes, local shapes and which params
+  // have a grad (the step's checks compared them) agree there. A param without one was not
+  // updated: each replica keeps its own.
+  const auto sent_by = [&](size_t i, int owner) {
+    return assignment.owners[i] == owner && assignment.params[i]->has_grad();
+  };
   std::vector<Buffer> buffers;
   for (int owner = 0; owner < assignment.replicas->size(); ++owner) {
     std::vector<DType> dtypes;
     for (size_t i = 0; i < assignment.params.size(); ++i)
-      if (assignment.owners[i] == owner && std::find(dtypes.begin(), dtypes.end(), assignment.params[i]->data.dtype()) == dtypes.end())
+      if (sent_by(i, owner) &&
+          std::find(dtypes.begin(), dtypes.end(), assignment.params[i]->data.dtype()) == dtypes.end())
         dtypes.push_back(assignment.params[i]->data.dtype());
     for (DType dtype : dtypes) {
       const int64_t cap = std::max<int64_t>(1, buffer_bytes_ / int64_t(dtype_size(dtype)));
@@ -41,7 +47,7 @@ WorkPtr AsyncReplicateBroadcaster::flush(const HsdpAssignment& assignment) {
       };
       for (size_t i = 0; i < assignment.params.size(); ++i) {
         Param* p = assignment.params[i];
-        if (assignment.owners[i] != owner || p->data.dtype() != dtype) continue;
+        if (!sent_by(i, owner) || p->data.dtype() != dtype) continue;
         if (used > 0 && used + p->data.numel() > cap) close();
         current.params.push_back(p);
         current.offsets.push_back(used);

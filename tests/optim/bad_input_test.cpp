@@ -710,6 +710,39 @@ TEST_SUITE("bad input") {
       }
   }
 
+  TEST_CASE("2-rank HSDP: a replicated param without a grad keeps each rank's own values (its owner sends nothing)") {
+    for (bool swap : {false, true}) {
+      CAPTURE(swap);
+      const TwoRankOutcome out = on_two_ranks(
+          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
+                                                     std::vector<std::string>{"replicate", "shard"}, rank);
+            std::vector<ParamPtr> params = model(false);
+            for (const ParamPtr& p : params)
+              p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+            // A frozen param whose replicas differ (each rank's own copy): no step may touch it.
+            const ParamPtr frozen = params[2];
+            frozen->data = test::random_tensor(frozen->data.shape(), DType::f32, uint32_t(50 + rank));
+            Muon muon(Stream(Device::cpu()));
+            muon.add_param_group(params);
+            muon.enable_hsdp(comm, HsdpOptions{.name = swap ? "frozenS" : "frozenB"});
+            std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, {.min_numel = 1}) : nullptr;
+            const Tensor before = frozen->data.clone();
+            error = error_of([&] {
+              for (int s = 1; s <= 2; ++s) {
+                set_grads(params, s);
+                frozen->grad = Tensor();
+                swapped ? swapped->step() : muon.step();
+              }
+              muon.synchronize();
+            });
+            unchanged = test::same_bits(frozen->data, before) ? "yes" : "no";
+          });
+      CHECK(out.errors == std::vector<std::string>{"", ""});
+      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+    }
+  }
+
   TEST_CASE("2-rank HSDP: params sharded after add_param_group, before enable_hsdp, step as if sharded before") {
     for (bool swap : {false, true}) {
       CAPTURE(swap);
