@@ -154,6 +154,16 @@ TwoRankOutcome on_two_ranks(const std::function<void(int rank, const std::shared
   return out;
 }
 
+/** Gives every matrix of `params` a layout replicated over a 2x1 mesh (rank `rank` of it): each
+ *  is updated by one owner and broadcast to the other replica. */
+void replicate_matrices(const std::vector<ParamPtr>& params, int rank) {
+  auto mesh =
+      std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, rank);
+  for (const ParamPtr& p : params)
+    if (p->data.dim() == 2)
+      p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+}
+
 }  // namespace
 
 TEST_SUITE("bad input") {
@@ -715,11 +725,8 @@ TEST_SUITE("bad input") {
       CAPTURE(swap);
       const TwoRankOutcome out = on_two_ranks(
           [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
-                                                     std::vector<std::string>{"replicate", "shard"}, rank);
             std::vector<ParamPtr> params = model(false);
-            for (const ParamPtr& p : params)
-              p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+            replicate_matrices(params, rank);
             // A frozen param whose replicas differ (each rank's own copy): no step may touch it.
             const ParamPtr frozen = params[2];
             frozen->data = test::random_tensor(frozen->data.shape(), DType::f32, uint32_t(50 + rank));
@@ -791,12 +798,8 @@ TEST_SUITE("bad input") {
       CAPTURE(swap);
       const TwoRankOutcome out = on_two_ranks(
           [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
-                                                     std::vector<std::string>{"replicate", "shard"}, rank);
             std::vector<ParamPtr> params = model(true);
-            for (const ParamPtr& p : params)
-              if (p->data.dim() == 2)
-                p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+            replicate_matrices(params, rank);
             MuonWithAdamW opt(Stream(Device::cpu()), params);
             opt.muon().enable_hsdp(comm, HsdpOptions{.name = swap ? "setS" : "setB"});
             std::unique_ptr<SwapOptimizerSet> swapped = swap ? swap_muon_with_adamw(opt, {.min_numel = 1}) : nullptr;
@@ -832,12 +835,9 @@ TEST_SUITE("bad input") {
     // wait in them until their timeout).
     const TwoRankOutcome out = on_two_ranks(
         [](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-          auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
-                                                   std::vector<std::string>{"replicate", "shard"}, rank);
           std::vector<ParamPtr> params = {make_param("big", test::random_tensor({96, 96}, DType::f32, 1)),
                                           make_param("small", test::random_tensor({8, 8}, DType::f32, 2))};
-          for (const ParamPtr& p : params)
-            p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
+          replicate_matrices(params, rank);
           Muon muon(Stream(Device::cpu()));
           muon.add_param_group(params);
           muon.enable_hsdp(comm, HsdpOptions{.name = "budget"});
