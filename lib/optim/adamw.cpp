@@ -73,13 +73,17 @@ void AdamW::update_param(size_t group, Param& param) {
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
   check_in_group(group, params, "update_params");
-  const AdamWOptions& o = options_.at(group);
   for (const Param* param : params) require_grad(*param);
   // Updates in one op run concurrently: a param listed twice would race with itself.
   std::vector<const Param*> listed(params.begin(), params.end());
   std::sort(listed.begin(), listed.end(), std::less<>());
   const auto twice = std::adjacent_find(listed.begin(), listed.end());
   SWAPOPT_CHECK(twice == listed.end(), "[AdamW] param '" << (*twice)->name << "' is listed twice in one update");
+  apply_updates(group, params);
+}
+
+void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
+  const AdamWOptions& o = options_.at(group);
   std::vector<ops::AdamWUpdate> updates;
   std::vector<ParamState*> states;  // map entries stay where they are as others are added
   updates.reserve(params.size());
@@ -160,7 +164,7 @@ void AdamW::run_step() {
     std::vector<Param*> with_grads;
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) with_grads.push_back(p.get());
-    update_params(g, with_grads);
+    apply_updates(g, with_grads);  // the step's checks covered them
   }
 }
 

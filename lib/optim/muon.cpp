@@ -116,8 +116,7 @@ std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t gro
   return batches;
 }
 
-Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) {
-  check_in_group(group, params, "allocate_ns_input");
+Shape Muon::ns_input_shape(const std::vector<Param*>& params) const {
   SWAPOPT_CHECK(!params.empty(), "[Muon] an NS batch needs at least one param");
   const CoreShape first = core_shape(params.front()->data.shape());
   int64_t total = 0;
@@ -128,7 +127,12 @@ Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) 
                                                                 << first.rows << "x" << first.cols);
     total += cs.count;
   }
-  return Tensor::empty({total, first.rows, first.cols}, ns_dtype(group), device(), &stream_);
+  return {total, first.rows, first.cols};
+}
+
+Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) {
+  check_in_group(group, params, "allocate_ns_input");
+  return Tensor::empty(ns_input_shape(params), ns_dtype(group), device(), &stream_);
 }
 
 std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vector<Param*>& params) const {
@@ -143,8 +147,13 @@ std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vect
 }
 
 Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
-  Tensor stacked = allocate_ns_input(group, params);
-  momentum_into(group, params, ns_input_parts(stacked, params));
+  check_in_group(group, params, "update_momentum");
+  return stacked_momentum(group, params);
+}
+
+Tensor Muon::stacked_momentum(size_t group, const std::vector<Param*>& params) {
+  Tensor stacked = Tensor::empty(ns_input_shape(params), ns_dtype(group), device(), &stream_);
+  fill_momentum(group, params, ns_input_parts(stacked, params));
   return stacked;
 }
 
@@ -169,6 +178,10 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
   check_in_group(group, params, "momentum_into");
+  fill_momentum(group, params, out_inputs);
+}
+
+void Muon::fill_momentum(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
   SWAPOPT_CHECK(out_inputs.size() == params.size(),
                 "[Muon] momentum_into: " << out_inputs.size() << " outputs for " << params.size() << " params");
   for (size_t i = 0; i < params.size(); ++i)
@@ -248,11 +261,16 @@ void Muon::apply_update(size_t group, Param& param, const Tensor& update, const 
 
 void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
   check_in_group(group, params, "process_unsharded_batch");
-  int64_t matrices = 0;
-  for (const Param* p : params) matrices += core_shape(p->data.shape()).count;
-  SWAPOPT_CHECK(ns_input.dim() == 3 && ns_input.size(0) == matrices, "[Muon] process_unsharded_batch: ns_input is "
-                                                                         << ns_input.str() << ", the params have "
-                                                                         << matrices << " matrices");
+  const Shape shape = ns_input_shape(params);
+  SWAPOPT_CHECK(ns_input.shape() == shape && ns_input.dtype() == ns_dtype(group) && ns_input.device() == device() &&
+                    ns_input.is_contiguous(),
+                "[Muon] process_unsharded_batch: ns_input is " << ns_input.str() << ", the params need a contiguous "
+                                                               << dtype_name(ns_dtype(group)) << " " << shape_str(shape)
+                                                               << " on " << device().str());
+  orthogonalize_and_apply(group, params, ns_input);
+}
+
+void Muon::orthogonalize_and_apply(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
   orthogonalize(group, ns_input);
   int64_t offset = 0;
   for (Param* p : params) {
@@ -271,10 +289,14 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 
 void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
   check_in_group(group, params, "update_params");
+  update_local(group, params, write_momentum);
+}
+
+void Muon::update_local(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
   if (!write_momentum) {
     for (const std::vector<Param*>& shape_group : group_by_shape(params))
       for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))
-        process_unsharded_batch(group, batch, update_momentum(group, batch));
+        orthogonalize_and_apply(group, batch, stacked_momentum(group, batch));
     return;
   }
   // Every batch's NS input first, all written by one call, then Newton-Schulz batch by batch.
@@ -283,7 +305,7 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params, const 
   std::unordered_map<const Param*, Tensor> input_of;
   for (const std::vector<Param*>& shape_group : group_by_shape(params))
     for (std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group)) {
-      stacked.push_back(allocate_ns_input(group, batch));
+      stacked.push_back(Tensor::empty(ns_input_shape(batch), ns_dtype(group), device(), &stream_));
       const std::vector<Tensor> parts = ns_input_parts(stacked.back(), batch);
       for (size_t i = 0; i < batch.size(); ++i) input_of.emplace(batch[i], parts[i]);
       batches.push_back(std::move(batch));
@@ -291,7 +313,7 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params, const 
   std::vector<Tensor> inputs;
   for (const Param* p : params) inputs.push_back(input_of.at(p));
   write_momentum(inputs);
-  for (size_t k = 0; k < batches.size(); ++k) process_unsharded_batch(group, batches[k], stacked[k]);
+  for (size_t k = 0; k < batches.size(); ++k) orthogonalize_and_apply(group, batches[k], stacked[k]);
 }
 
 void Muon::set_options(size_t group, const MuonOptions& options) { set_group_options(options_, group, options, name_); }
@@ -315,7 +337,7 @@ void Muon::run_step() {
       if (p->has_grad()) local[g].push_back(p);
   for (ParamGroup& g : groups_) g.step += 1;  // all groups first, as the reference does
   for (size_t g = 0; g < groups_.size(); ++g) {
-    update_params(g, local[g]);
+    update_local(g, local[g], {});
     run_post_update(g, local[g]);
   }
   if (!hsdp_enabled()) return;

@@ -135,10 +135,14 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
 
 void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                              const MomentumWriter& write_momentum) {
+  check_in_group(assignment.group, params, "update_assignment");
+  for (const Param* p : params)
+    SWAPOPT_CHECK(std::find(assignment.params.begin(), assignment.params.end(), p) != assignment.params.end(),
+                  "[Muon] update_assignment: parameter '" << p->name << "' is not in the assignment");
   if (assignment.sharded()) {
     update_sharded(assignment, params, write_momentum);
   } else {
-    update_params(assignment.group, params, write_momentum);
+    update_local(assignment.group, params, write_momentum);
   }
 }
 
@@ -219,7 +223,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
   if (write_momentum) {
     write_momentum(inputs);
   } else {
-    momentum_into(a.group, params, inputs);
+    fill_momentum(a.group, params, inputs);
   }
   shards.start_after(stream_);  // the all-gather reads `send`
   step_collectives_.push_back(shards.all_gather(send, gathered));

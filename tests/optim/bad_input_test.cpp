@@ -367,7 +367,18 @@ TEST_SUITE("bad input") {
     CHECK(unchanged([&] { muon.update_params(0, {nullptr}); }) == "[Muon] update_params: null parameter");
     CHECK(unchanged([&] {
             muon.process_unsharded_batch(0, {m0.get(), m1.get()}, Tensor::zeros({1, 4, 4}, DType::f32, Device::cpu()));
-          }) == "[Muon] process_unsharded_batch: ns_input is Tensor(f32, [1, 4, 4], cpu), the params have 2 matrices");
+          }) ==
+          "[Muon] process_unsharded_batch: ns_input is Tensor(f32, [1, 4, 4], cpu), the params need a contiguous f32 "
+          "[2, 4, 4] on cpu");
+    const std::string need = ", the params need a contiguous f32 [2, 4, 4] on cpu";
+    for (const Tensor& bad :
+         {Tensor::zeros({2, 2, 8}, DType::f32, Device::cpu()), Tensor::zeros({2, 4, 4}, DType::bf16, Device::cpu()),
+          Tensor::zeros({2, 4, 4}, DType::f32, Device::cpu()).transpose(1, 2)})
+      CHECK(unchanged([&] {
+              muon.process_unsharded_batch(0, {m0.get(), m1.get()}, bad);
+            }) == "[Muon] process_unsharded_batch: ns_input is " + bad.str() + need);
+    CHECK(unchanged([&] { muon.update_momentum(0, {foreign.get()}); }) ==
+          "[Muon] update_momentum: parameter 'foreign' is not in this optimizer");
     // The good calls still work.
     adamw.update_param(1, *b);
     muon.update_params(0, {m0.get(), m1.get()});

@@ -89,6 +89,8 @@ class AdamW : public Optimizer {
  private:
   /** Throws unless `options`' amsgrad matches the state group `group`'s params already have. */
   void check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const;
+  /** update_params() after its checks (a step's own calls: its checks covered them). */
+  void apply_updates(size_t group, std::span<Param* const> params);
 
   std::vector<AdamWOptions> options_;
 };
