@@ -41,7 +41,15 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     sum += weight * double(each[i]) * double(each[i]);
   }
   if (world != nullptr) {
-    sum = double(sum_over_ranks(*world, stream.device(), float(sum)));
+    // Every rank's f64 sum, exchanged exactly (as two f32 parts in its own slots: the other ranks
+    // add zeros) and added in rank order: every rank gets the same total, without an f32 rounding.
+    std::vector<float> parts(2 * size_t(world->size()), 0.f);
+    const size_t me = 2 * size_t(world->rank());
+    parts[me] = float(sum);
+    parts[me + 1] = float(sum - double(parts[me]));
+    parts = sum_over_ranks(*world, stream.device(), parts);
+    sum = 0.0;
+    for (size_t r = 0; r < parts.size(); r += 2) sum += double(parts[r]) + double(parts[r + 1]);
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

@@ -109,6 +109,40 @@ TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the sing
   for (int rank = 0; rank < 4; ++rank) {
     CAPTURE(rank);
     CHECK(errors[size_t(rank)] == "");
-    CHECK(std::fabs(norms[size_t(rank)] - want) <= 1e-6 * want);  // the all-reduce carries f32
+    CHECK(std::fabs(norms[size_t(rank)] - want) <= 1e-6 * want);  // each shard's norm is an f32
+    CHECK(norms[size_t(rank)] == norms[0]);
   }
+}
+
+TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals f32 cannot hold come out exact") {
+  // Two row-sharded params. Rank 0's shards hold 1e4 and 0 (a sum of 1e8), rank 1's hold 1 and
+  // 4096 (2^24 + 1, not an f32: its spacing there is 2); the total 116777217 is not an f32 either.
+  // Each rank's sum sent as one f32, or the sums added in f32, would give 116777216.
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<double> norms(2, -1.0);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
+                                                 std::vector<std::string>{"replicate", "shard"}, rank);
+        std::vector<ParamPtr> params;
+        for (float value : rank == 0 ? std::vector<float>{1e4f, 0.f} : std::vector<float>{1.f, 4096.f}) {
+          params.push_back(
+              make_param("p" + std::to_string(params.size()), Tensor::zeros({1, 1}, DType::f32, Device::cpu())));
+          params.back()->grad = Tensor::from_floats({value}, {1, 1});
+          params.back()->layout =
+              DTensor(params.back()->data, {2, 1}, mesh, {Placement::Replicate(), Placement::Shard(0)});
+        }
+        Stream s(Device::cpu());
+        norms[size_t(rank)] = clip_grad_norm(params, 1e9, s, comm.get());
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(norms == std::vector<double>{std::sqrt(116777217.0), std::sqrt(116777217.0)});
 }
