@@ -133,7 +133,8 @@ void cast_loop(const void* src, void* dst, size_t n) {
 
 /** Copies the lower-triangle entries of rows [r0, r0 + rows) of the square `c` to their upper
  *  mirrors, columns [r0, r0 + rows): a row block's own upper part, which no other block writes.
- *  In tiles of kMirrorTile, so that the strided reads of a tile's rows share their cache lines. */
+ *  The reads run along a row, the writes down a column (strided: the matrix is row-major); in
+ *  tiles of kMirrorTile rows, the writes of consecutive columns land in cache lines still held. */
 constexpr int64_t kMirrorTile = 32;
 
 template <typename Matrix>

@@ -187,11 +187,6 @@ SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {
   SWAPOPT_FAIL("[swap] no member '" << name << "' in the set");
 }
 
-namespace {
-
-/** `keys` joined as "a, b". */
-}  // namespace
-
 std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config) {
   SwapConfig muon_config = config, adamw_config = config;
   if (config.state_keys) {
