@@ -146,7 +146,24 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
   }
 }
 
-bool Muon::grads_nonfinite() { return on_any_rank(Optimizer::grads_nonfinite()); }
+bool Muon::grads_nonfinite() {
+  if (!hsdp_enabled()) return Optimizer::grads_nonfinite();
+  // The local look synchronises the stream, which throws an earlier failure it holds: the vote
+  // carries it, so that this rank does not leave the others waiting in the all-reduce.
+  bool mine = false;
+  std::exception_ptr failure;
+  try {
+    mine = Optimizer::grads_nonfinite();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  Communicator& world = mesh_groups_->world();
+  const std::vector<float> votes = sum_over_ranks(world, device(), {mine ? 1.f : 0.f, failure ? 1.f : 0.f});
+  if (failure) std::rethrow_exception(failure);
+  SWAPOPT_CHECK(votes[1] == 0.f, "[Muon] the non-finite grad check failed on " << votes[1] << " of " << world.size()
+                                                                               << " ranks (their errors say why)");
+  return votes[0] != 0.f;
+}
 
 bool Muon::on_any_rank(bool mine) {
   if (!hsdp_enabled()) return mine;

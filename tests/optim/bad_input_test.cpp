@@ -731,6 +731,36 @@ TEST_SUITE("bad input") {
       }
   }
 
+  TEST_CASE("2-rank HSDP skipping non-finite steps: a failure one rank's stream holds fails the step on both ranks") {
+    for (bool swap : {false, true}) {
+      CAPTURE(swap);
+      const TwoRankOutcome out = on_two_ranks(
+          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+            std::vector<ParamPtr> params = model(false);
+            replicate_matrices(params, rank);
+            Muon muon(Stream(Device::cpu()));
+            muon.add_param_group(params);
+            muon.enable_hsdp(comm, HsdpOptions{.name = swap ? "streamS" : "streamB"});
+            muon.set_skip_nonfinite(true);
+            std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, {.min_numel = 1}) : nullptr;
+            auto step = [&] { swapped ? swapped->step() : muon.step(); };
+            set_grads(params, 1);
+            step();
+            set_grads(params, 2);
+            const std::string before = snapshot(muon, params, swapped.get());
+            // The trainer's backward, enqueued on the optimizer's stream, failed on rank 1 only: the
+            // step's look for non-finite grads synchronises the stream and meets it there.
+            if (rank == 1) muon.stream().enqueue([] { SWAPOPT_FAIL("[test] backward failed"); });
+            error = error_of(step);
+            unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+          });
+      CHECK(out.errors ==
+            std::vector<std::string>{"[Muon] the non-finite grad check failed on 1 of 2 ranks (their errors say why)",
+                                     "[test] backward failed"});
+      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+    }
+  }
+
   TEST_CASE("2-rank HSDP: a replicated param without a grad keeps each rank's own values (its owner sends nothing)") {
     for (bool swap : {false, true}) {
       CAPTURE(swap);
