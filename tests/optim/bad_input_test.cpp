@@ -164,6 +164,23 @@ void replicate_matrices(const std::vector<ParamPtr>& params, int rank) {
       p->layout = DTensor(p->data, p->data.shape(), mesh, {Placement::Replicate(), Placement::Replicate()});
 }
 
+/** On one of 2 thread ranks: model(false) replicated over a 2x1 mesh, in an HSDP Muon named
+ *  `name`, swapped (min_numel 1) with `swap`. */
+struct ReplicatedMuon {
+  std::vector<ParamPtr> params = model(false);
+  Muon muon{Stream(Device::cpu())};
+  std::unique_ptr<SwapOptimizer> swapped;
+
+  ReplicatedMuon(int rank, const std::shared_ptr<Communicator>& comm, const std::string& name, bool swap) {
+    replicate_matrices(params, rank);
+    muon.add_param_group(params);
+    muon.enable_hsdp(comm, HsdpOptions{.name = name + (swap ? "S" : "B")});
+    if (swap) swapped = swap_muon(muon, {.min_numel = 1});
+  }
+  void step() { swapped ? swapped->step() : muon.step(); }
+  std::string snap() { return snapshot(muon, params, swapped.get()); }
+};
+
 }  // namespace
 
 TEST_SUITE("bad input") {
@@ -736,23 +753,17 @@ TEST_SUITE("bad input") {
       CAPTURE(swap);
       const TwoRankOutcome out = on_two_ranks(
           [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            std::vector<ParamPtr> params = model(false);
-            replicate_matrices(params, rank);
-            Muon muon(Stream(Device::cpu()));
-            muon.add_param_group(params);
-            muon.enable_hsdp(comm, HsdpOptions{.name = swap ? "streamS" : "streamB"});
-            muon.set_skip_nonfinite(true);
-            std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, {.min_numel = 1}) : nullptr;
-            auto step = [&] { swapped ? swapped->step() : muon.step(); };
-            set_grads(params, 1);
-            step();
-            set_grads(params, 2);
-            const std::string before = snapshot(muon, params, swapped.get());
+            ReplicatedMuon r(rank, comm, "stream", swap);
+            r.muon.set_skip_nonfinite(true);
+            set_grads(r.params, 1);
+            r.step();
+            set_grads(r.params, 2);
+            const std::string before = r.snap();
             // The trainer's backward, enqueued on the optimizer's stream, failed on rank 1 only: the
             // step's look for non-finite grads synchronises the stream and meets it there.
-            if (rank == 1) muon.stream().enqueue([] { SWAPOPT_FAIL("[test] backward failed"); });
-            error = error_of(step);
-            unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+            if (rank == 1) r.muon.stream().enqueue([] { SWAPOPT_FAIL("[test] backward failed"); });
+            error = error_of([&] { r.step(); });
+            unchanged = r.snap() == before ? "yes" : "no";
           });
       CHECK(out.errors ==
             std::vector<std::string>{"[Muon] the non-finite grad check failed on 1 of 2 ranks (their errors say why)",
@@ -766,23 +777,18 @@ TEST_SUITE("bad input") {
       CAPTURE(swap);
       const TwoRankOutcome out = on_two_ranks(
           [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            std::vector<ParamPtr> params = model(false);
-            replicate_matrices(params, rank);
+            ReplicatedMuon r(rank, comm, "frozen", swap);
             // A frozen param whose replicas differ (each rank's own copy): no step may touch it.
-            const ParamPtr frozen = params[2];
+            const ParamPtr frozen = r.params[2];
             frozen->data = test::random_tensor(frozen->data.shape(), DType::f32, uint32_t(50 + rank));
-            Muon muon(Stream(Device::cpu()));
-            muon.add_param_group(params);
-            muon.enable_hsdp(comm, HsdpOptions{.name = swap ? "frozenS" : "frozenB"});
-            std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, {.min_numel = 1}) : nullptr;
             const Tensor before = frozen->data.clone();
             error = error_of([&] {
               for (int s = 1; s <= 2; ++s) {
-                set_grads(params, s);
+                set_grads(r.params, s);
                 frozen->grad = Tensor();
-                swapped ? swapped->step() : muon.step();
+                r.step();
               }
-              muon.synchronize();
+              r.muon.synchronize();
             });
             unchanged = test::same_bits(frozen->data, before) ? "yes" : "no";
           });
