@@ -40,7 +40,7 @@ void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
     size_t end = first;
     std::vector<Param*> params;
     while (end < batch.size() && batch[end].group == batch[first].group) params.push_back(batch[end++].params.front());
-    adamw_.update_params(batch[first].group, params);
+    adamw_.apply_updates(batch[first].group, params);  // the step's checks covered them
     for (size_t u = first; u < end; ++u) batch[u].done = true;
     first = end;
   }

@@ -77,7 +77,8 @@ void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
       muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
       continue;
     }
-    muon_.process_unsharded_batch(unit.group, unit.params, muon_.update_momentum(unit.group, unit.params));
+    // The step's checks covered the unit's params: the unchecked bodies of the public pieces.
+    muon_.orthogonalize_and_apply(unit.group, unit.params, muon_.stacked_momentum(unit.group, unit.params));
     unit.done = true;  // the state is updated; a throwing hook below no longer undoes it
     if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
   }

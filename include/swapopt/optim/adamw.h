@@ -87,9 +87,10 @@ class AdamW : public Optimizer {
   PreparedOptions prepare_group_options(const std::vector<std::string>& options_json) override;
 
  private:
+  friend class AdamWSwapAdapter;  // its batches call apply_updates: the swapped step's checks covered them
   /** Throws unless `options`' amsgrad matches the state group `group`'s params already have. */
   void check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const;
-  /** update_params() after its checks (a step's own calls: its checks covered them). */
+  /** update_params() after its checks (a step's own calls, bare or swapped: its checks covered them). */
   void apply_updates(size_t group, std::span<Param* const> params);
 
   std::vector<AdamWOptions> options_;

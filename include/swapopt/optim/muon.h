@@ -251,8 +251,10 @@ class Muon : public Optimizer {
   /** Under HSDP, one all-reduce over the mesh: the local failures and, per HSDP param, the ranks
    *  holding its grad (every rank steps the same HSDP params). */
   void agree_on_checks(std::exception_ptr local_failure) override;
-  // The bodies of the public update pieces, for the calls of a step (its checks covered them): the
-  // public ones first check that the params are of `group`, a hash lookup per param.
+  // The bodies of the public update pieces, for the calls of a step, bare or swapped (its checks
+  // covered them): the public ones first check that the params are of `group`, a hash lookup per
+  // param.
+  friend class MuonSwapAdapter;
   /** [matrices, rows, cols] of the stacked NS input of `params` (one core shape, at least one). */
   Shape ns_input_shape(const std::vector<Param*>& params) const;
   Tensor stacked_momentum(size_t group, const std::vector<Param*>& params);
