@@ -41,15 +41,20 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     sum += weight * double(each[i]) * double(each[i]);
   }
   if (world != nullptr) {
-    // Every rank's f64 sum, exchanged exactly (as two f32 parts in its own slots: the other ranks
-    // add zeros) and added in rank order: every rank gets the same total, without an f32 rounding.
-    std::vector<float> parts(2 * size_t(world->size()), 0.f);
-    const size_t me = 2 * size_t(world->rank());
-    parts[me] = float(sum);
-    parts[me + 1] = float(sum - double(parts[me]));
+    // Every rank's f64 sum, exchanged exactly and added in rank order: every rank gets the same
+    // total, without an f32 rounding. Three f32 parts in the rank's own slots (the other ranks add
+    // zeros) hold the 53 bits of a sum in f32's normal range; one beyond it (inf, NaN) goes as is.
+    std::vector<float> parts(3 * size_t(world->size()), 0.f);
+    float* mine = &parts[3 * size_t(world->rank())];
+    mine[0] = float(sum);
+    if (std::isfinite(mine[0])) {
+      const double rest = sum - double(mine[0]);  // exact, as is the next one
+      mine[1] = float(rest);
+      mine[2] = float(rest - double(mine[1]));
+    }
     parts = sum_over_ranks(*world, stream.device(), parts);
     sum = 0.0;
-    for (size_t r = 0; r < parts.size(); r += 2) sum += double(parts[r]) + double(parts[r + 1]);
+    for (size_t r = 0; r < parts.size(); r += 3) sum += double(parts[r]) + double(parts[r + 1]) + double(parts[r + 2]);
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

@@ -48,13 +48,17 @@ CoreShape core_shape(const Shape& shape) {
 
 Muon::Muon(Stream stream, MuonHooks hooks) : Optimizer("Muon", std::move(stream)), hooks_(std::move(hooks)) {}
 
+void Muon::check_unfixed_shape(const Param& p) const {
+  SWAPOPT_CHECK(p.data.dim() >= 2, "[Muon] " << p.data.dim() << "-D parameter '" << p.name << "' (shape "
+                                             << shape_str(p.data.shape()) << ") cannot use Muon");
+}
+
 void Muon::add_param_group(std::vector<ParamPtr> params, MuonOptions options) {
   options.validate();
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[Muon] null parameter");
     SWAPOPT_CHECK(p->data.defined(), "[Muon] parameter '" << p->name << "' must be a defined contiguous tensor");
-    SWAPOPT_CHECK(p->data.dim() >= 2, "[Muon] " << p->data.dim() << "-D parameter '" << p->name << "' (shape "
-                                                << shape_str(p->data.shape()) << ") cannot use Muon");
+    check_unfixed_shape(*p);
     SWAPOPT_CHECK(!(hsdp_enabled() && p->layout), "[Muon] parameter '"
                                                       << p->name
                                                       << "' has a DTensor layout but HSDP is already "
@@ -347,7 +351,7 @@ void Muon::run_step() {
       std::vector<Param*> owned;
       for (Param* p : a.owned())
         if (p->has_grad()) owned.push_back(p);
-      update_assignment(a, owned);
+      update_owned(a, owned, {});
       finish_assignment(a, broadcaster, owned);
     }
   } catch (...) {

@@ -1,11 +1,12 @@
 // HSDP Muon: the plan (enable_hsdp) and the update of one assignment, replicated or sharded.
 #include <algorithm>
 #include <atomic>
+#include <unordered_set>
 
+#include "sum_over_ranks.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/optim/muon.h"
-#include "sum_over_ranks.h"
 
 namespace swapopt {
 
@@ -136,9 +137,15 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
 void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                              const MomentumWriter& write_momentum) {
   check_in_group(assignment.group, params, "update_assignment");
+  const std::unordered_set<const Param*> in_assignment(assignment.params.begin(), assignment.params.end());
   for (const Param* p : params)
-    SWAPOPT_CHECK(std::find(assignment.params.begin(), assignment.params.end(), p) != assignment.params.end(),
+    SWAPOPT_CHECK(in_assignment.count(p) == 1,
                   "[Muon] update_assignment: parameter '" << p->name << "' is not in the assignment");
+  update_owned(assignment, params, write_momentum);
+}
+
+void Muon::update_owned(const HsdpAssignment& assignment, const std::vector<Param*>& params,
+                        const MomentumWriter& write_momentum) {
   if (assignment.sharded()) {
     update_sharded(assignment, params, write_momentum);
   } else {
@@ -146,32 +153,13 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
   }
 }
 
-bool Muon::grads_nonfinite() {
-  if (!hsdp_enabled()) return Optimizer::grads_nonfinite();
-  // The local look synchronises the stream, which throws an earlier failure it holds: the vote
-  // carries it, so that this rank does not leave the others waiting in the all-reduce.
-  bool mine = false;
-  std::exception_ptr failure;
-  try {
-    mine = Optimizer::grads_nonfinite();
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  Communicator& world = mesh_groups_->world();
-  const std::vector<float> votes = sum_over_ranks(world, device(), {mine ? 1.f : 0.f, failure ? 1.f : 0.f});
-  if (failure) std::rethrow_exception(failure);
-  SWAPOPT_CHECK(votes[1] == 0.f, "[Muon] the non-finite grad check failed on " << votes[1] << " of " << world.size()
-                                                                               << " ranks (their errors say why)");
-  return votes[0] != 0.f;
-}
-
-bool Muon::on_any_rank(bool mine) {
-  if (!hsdp_enabled()) return mine;
-  return sum_over_ranks(mesh_groups_->world(), device(), mine ? 1.f : 0.f) != 0.f;
+std::vector<float> Muon::sum_over_step_ranks(std::vector<float> values) {
+  if (!hsdp_enabled()) return values;
+  return sum_over_ranks(mesh_groups_->world(), device(), values);
 }
 
 void Muon::agree_on_checks(std::exception_ptr local_failure) {
-  if (!hsdp_enabled() || mesh_groups_->world().size() == 1) return Optimizer::agree_on_checks(local_failure);
+  if (!hsdp_enabled() || mesh_groups_->world().size() == 1) return;
   // One all-reduce over the mesh: how many ranks failed their local checks, and per HSDP param how
   // many hold its grad (exact in f32). A check failing on one rank then fails the step on every
   // rank before any of them starts the update's collectives (which would wait for it). Every rank

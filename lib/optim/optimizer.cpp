@@ -52,9 +52,52 @@ void Optimizer::step() {
   record_step_events();
 }
 
-bool Optimizer::skip_this_step() { return skip_nonfinite_ && grads_nonfinite(); }
+bool Optimizer::skip_this_step() {
+  Optimizer* self = this;
+  return skip_together({&self, 1});
+}
+
+bool Optimizer::skip_together(std::span<Optimizer* const> optimizers) {
+  // skip_nonfinite() is the same on every rank (the trainer's setting): all vote or none.
+  if (std::none_of(optimizers.begin(), optimizers.end(), [](const Optimizer* o) { return o->skip_nonfinite_; }))
+    return false;
+  return vote_together(
+      optimizers,
+      [&] {
+        bool nonfinite = false;
+        for (Optimizer* o : optimizers) nonfinite = (o->skip_nonfinite_ && o->grads_nonfinite_locally()) || nonfinite;
+        return nonfinite;
+      },
+      "[" + optimizers.front()->name_ + "] the non-finite grad check failed on another rank (its error says why)");
+}
 
 bool Optimizer::grads_nonfinite() {
+  Optimizer* self = this;
+  return vote_together(
+      {&self, 1}, [this] { return grads_nonfinite_locally(); },
+      "[" + name_ + "] the non-finite grad check failed on another rank (its error says why)");
+}
+
+bool Optimizer::vote_together(std::span<Optimizer* const> optimizers, const std::function<bool()>& local,
+                              const std::string& elsewhere) {
+  bool mine = false;
+  std::exception_ptr failure;
+  try {
+    mine = local();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::vector<float> votes = {mine ? 1.f : 0.f, failure ? 1.f : 0.f};
+  for (Optimizer* o : optimizers) {
+    votes = o->sum_over_step_ranks(votes);
+    for (float& v : votes) v = v != 0.f ? 1.f : 0.f;  // summed again over the next one's ranks
+  }
+  if (failure) std::rethrow_exception(failure);
+  SWAPOPT_CHECK(votes[1] == 0.f, elsewhere);
+  return votes[0] != 0.f;
+}
+
+bool Optimizer::grads_nonfinite_locally() {
   const Tensor flag = Tensor::empty({1}, DType::f32, device(), &stream_);
   ops::fill_zero(stream_, flag);
   for (const ParamGroup& g : groups_)
@@ -153,10 +196,7 @@ void Optimizer::check_params_with_grad() const {
       const auto param = [&] { return "[" + name_ + "] parameter '" + p->name + "'"; };
       const Tensor& d = p->data;
       SWAPOPT_CHECK(d.defined() && !d.is_released(), param() << " has no data (undefined or released)");
-      SWAPOPT_CHECK(!record.fixed || (d.shape() == record.shape && d.dtype() == record.dtype),
-                    param() << " is " << d.str() << ", its state was laid out for " << dtype_name(record.dtype) << " "
-                            << shape_str(record.shape)
-                            << ": data may point at another buffer of that shape and dtype, not be reshaped or cast");
+      check_layout(*p, record);
       SWAPOPT_CHECK(d.device() == device(),
                     param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
       SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
@@ -168,6 +208,15 @@ void Optimizer::check_params_with_grad() const {
       SWAPOPT_CHECK(g.shape() == d.shape(), grad() << " is " << g.str() << ", the param " << d.str());
       SWAPOPT_CHECK(g.is_contiguous(), grad() << " must be contiguous, got strides " << shape_str(g.strides()));
     }
+}
+
+void Optimizer::check_layout(const Param& p, const ParamRecord& record) const {
+  const Tensor& d = p.data;
+  if (!record.fixed) return check_unfixed_shape(p);
+  SWAPOPT_CHECK(d.shape() == record.shape && d.dtype() == record.dtype,
+                "[" << name_ << "] parameter '" << p.name << "' is " << d.str() << ", its state was laid out for "
+                    << dtype_name(record.dtype) << " " << shape_str(record.shape)
+                    << ": data may point at another buffer of that shape and dtype, not be reshaped or cast");
 }
 
 void Optimizer::check_in_group(size_t group, std::span<const Param* const> params, const char* call) const {
@@ -226,10 +275,6 @@ void Optimizer::check_step_locally() {
   check_params_with_grad();
 }
 
-void Optimizer::agree_on_checks(std::exception_ptr local_failure) {
-  if (local_failure) std::rethrow_exception(local_failure);
-}
-
 void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks) {
   std::exception_ptr failure;
   try {
@@ -237,8 +282,8 @@ void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std
   } catch (...) {
     failure = std::current_exception();
   }
-  for (Optimizer* o : optimizers) o->agree_on_checks(failure);  // the first to agree rethrows a failure
-  if (failure) std::rethrow_exception(failure);                 // (none of them spans ranks)
+  for (Optimizer* o : optimizers) o->agree_on_checks(failure);  // one spanning ranks throws any failure
+  if (failure) std::rethrow_exception(failure);
 }
 
 int64_t Optimizer::param_index(const Param* param) const {
@@ -374,6 +419,10 @@ std::function<void()> Optimizer::prepare_load(
     param_steps.push_back(json::get_int(s, "param_steps"));
     SWAPOPT_CHECK(param_steps.back() >= 0, "[checkpoint] negative param step " << param_steps.back());
   }
+  // The tensors are checked against each param's data below: a param whose layout is fixed must
+  // still have it (a load cannot re-lay out state, the swap wrapper's mirrors least of all).
+  for (size_t i = 0; i < by_index.size(); ++i)
+    if (records_[i].fixed) check_layout(*by_index[i], records_[i]);
   const PreparedOptions options = prepare_group_options(options_json);
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);

@@ -135,8 +135,7 @@ void MuonWithAdamW::step() {
     for (Optimizer* half : halves) half->apply_schedule();
     for (Optimizer* half : halves) half->check_step_locally();
   });
-  bool skip = false;  // a non-finite grad in either half skips both
-  for (Optimizer* half : halves) skip = half->skip_this_step() || skip;
+  const bool skip = Optimizer::skip_together(halves);  // a non-finite grad in either half skips both
   for (Optimizer* half : halves) {
     half->last_step_skipped_ = skip;
     if (!skip) half->run_step();

@@ -1,27 +1,27 @@
 #pragma once
-// f32 values summed over a communicator's ranks (internal; the step checks' agreement, clipping's
-// norm, the non-finite vote).
+// f32 values summed over a communicator's ranks (internal; the step checks' agreement and votes,
+// clipping's norm).
 
 #include <vector>
 
 #include "swapopt/comm/communicator.h"
-#include "swapopt/core/tensor.h"
+#include "swapopt/core/ops.h"
+#include "swapopt/core/stream.h"
 
 namespace swapopt {
 
 /** Each of `values` summed over every rank of `group` (one all-reduce of a tensor on `device`: NCCL
  *  needs device memory). The tensor is staged through the device's default stream, not a caller's:
  *  a stream holding an earlier failure would make this rank throw alone and leave the others
- *  waiting in the collective. Collective; waits on the host. */
+ *  waiting in the collective. Allocated and freed in order on that stream (a free without a stream
+ *  would synchronise the whole device). Collective; waits on the host. */
 inline std::vector<float> sum_over_ranks(Communicator& group, Device device, const std::vector<float>& values) {
-  const Tensor total = Tensor::from_floats(values, {int64_t(values.size())}, DType::f32, device);
+  Stream& stream = default_stream(device);
+  const Tensor total = Tensor::empty({int64_t(values.size())}, DType::f32, device, &stream);
+  ops::copy(stream, Tensor::from_floats(values, {int64_t(values.size())}), total);
+  stream.synchronize();  // the collective reads `total` now
   group.all_reduce(total)->wait();
-  return total.to_float_vector();
-}
-
-/** One value summed over every rank of `group`, as above. */
-inline float sum_over_ranks(Communicator& group, Device device, float value) {
-  return sum_over_ranks(group, device, std::vector<float>{value})[0];
+  return total.to_float_vector();  // a copy on the same stream, after the collective completed
 }
 
 }  // namespace swapopt

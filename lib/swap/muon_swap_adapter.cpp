@@ -72,7 +72,7 @@ void MuonSwapAdapter::finish_step() {
 void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
   for (UpdateUnit& unit : batch) {
     if (unit.assignment != nullptr) {
-      muon_.update_assignment(*unit.assignment, unit.params);
+      muon_.update_owned(*unit.assignment, unit.params, {});
       unit.done = true;
       muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
       continue;
@@ -98,7 +98,7 @@ void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_s
     });
   };
   if (unit.assignment != nullptr) {
-    muon_.update_assignment(*unit.assignment, unit.params, write_momentum);
+    muon_.update_owned(*unit.assignment, unit.params, write_momentum);
     unit.done = true;
     muon_.finish_assignment(*unit.assignment, *broadcaster_, unit.params);
     return;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <sstream>
 
 #include "../core/comma_list.h"
 #include "../optim/checkpoint_stream.h"
@@ -74,25 +75,31 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
   PlannedStep plan;
   plan.skip = optimizer().skip_this_step();
   if (plan.skip) return plan;
-  plan.units = adapter_->plan_units(false);
-  runtime_.attach_slots(plan.units, optimizer());
-  std::exception_ptr failure;
-  try {
-    plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
-  } catch (...) {  // any failure, so that no rank leaves the others waiting in the vote
-    failure = std::current_exception();
+  if (!runtime_.config().device_budget_bytes) {
+    plan_units(plan);  // without a budget no plan fails
+    return plan;
   }
   // A budget plan depends on the rank's own state and workspace (under HSDP the owner of a matrix
   // holds its NS workspace): the ranks agree whether every plan fits before any of them starts the
   // step's collectives, so that a plan failing on one rank fails the step on all, changing nothing.
-  // Without a budget no plan fails, and there is no vote.
-  const bool any_failed = runtime_.config().device_budget_bytes && optimizer().on_any_rank(failure != nullptr);
-  if (failure) std::rethrow_exception(failure);
-  SWAPOPT_CHECK(!any_failed, "[swap] device_budget_bytes "
-                                 << *runtime_.config().device_budget_bytes
-                                 << " does not hold the step's plan on another rank (that rank's "
-                                    "error names the unit): the step changed nothing");
+  Optimizer* optimizer = &this->optimizer();
+  Optimizer::vote_together(
+      {&optimizer, 1}, [&] { return plan_units(plan), false; }, budget_elsewhere());
   return plan;
+}
+
+void SwapOptimizer::plan_units(PlannedStep& plan) {
+  plan.units = adapter_->plan_units(false);
+  runtime_.attach_slots(plan.units, optimizer());
+  plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
+}
+
+std::string SwapOptimizer::budget_elsewhere() const {
+  std::ostringstream message;
+  message << "[swap] device_budget_bytes " << runtime_.config().device_budget_bytes.value_or(0)
+          << " does not hold the step's plan on another rank (that rank's error names the unit): the step changed "
+             "nothing";
+  return message.str();
 }
 
 void SwapOptimizer::run_step(PlannedStep& plan) {

@@ -67,14 +67,26 @@ void SwapOptimizerSet::step() {
     for (Optimizer* o : optimizers) o->apply_schedule();
     for (Optimizer* o : optimizers) o->check_step_locally();
   });
-  std::vector<SwapOptimizer::PlannedStep> plans;
-  plans.reserve(members_.size());
-  bool skip = false;  // a non-finite grad in any member skips them all
-  for (Member& m : members_) {
-    plans.push_back(m.second->plan_checked_step());
-    skip = skip || plans.back().skip;
-  }
+  // Then the members' votes and plans as one, so that every rank reaches the same collectives: a
+  // non-finite grad in any member, on any rank, skips them all, and a plan failing on one rank
+  // fails the step on all.
+  std::vector<SwapOptimizer::PlannedStep> plans(members_.size());
+  const bool skip = Optimizer::skip_together(optimizers);
   for (SwapOptimizer::PlannedStep& plan : plans) plan.skip = skip;
+  if (!skip) {
+    const auto plan_all = [&] {
+      for (size_t i = 0; i < members_.size(); ++i) members_[i].second->plan_units(plans[i]);
+      return false;
+    };
+    const auto budgeted = std::find_if(members_.begin(), members_.end(), [](const Member& m) {
+      return m.second->runtime().config().device_budget_bytes.has_value();
+    });
+    if (budgeted == members_.end()) {
+      plan_all();  // without a budget no plan fails
+    } else {
+      Optimizer::vote_together(optimizers, plan_all, budgeted->second->budget_elsewhere());
+    }
+  }
   for (size_t i = 0; i < members_.size(); ++i) members_[i].second->run_step(plans[i]);
 }
 

@@ -115,9 +115,10 @@ TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the sing
 }
 
 TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals f32 cannot hold come out exact") {
-  // Two row-sharded params. Rank 0's shards hold 1e4 and 0 (a sum of 1e8), rank 1's hold 1 and
-  // 4096 (2^24 + 1, not an f32: its spacing there is 2); the total 116777217 is not an f32 either.
-  // Each rank's sum sent as one f32, or the sums added in f32, would give 116777216.
+  // Five row-sharded params of one element per rank. Rank 0's shards hold 1 and zeros; rank 1's
+  // hold 2^26, 8192, 8192, 2, 2: a sum of 2^52 + 2^27 + 8, whose 53 bits need three f32 parts
+  // (2^52, 2^27 and 8). The total 2^52 + 2^27 + 9 is exact in f64. Rank 1's sum sent as one or two
+  // f32 parts, or the sums added in f32, would give a norm of 67108865 or 67108864.
   auto world = std::make_shared<test::ThreadWorld>();
   std::vector<double> norms(2, -1.0);
   std::vector<std::string> errors(2);
@@ -129,7 +130,9 @@ TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals 
         auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
                                                  std::vector<std::string>{"replicate", "shard"}, rank);
         std::vector<ParamPtr> params;
-        for (float value : rank == 0 ? std::vector<float>{1e4f, 0.f} : std::vector<float>{1.f, 4096.f}) {
+        const std::vector<float> values = rank == 0 ? std::vector<float>{1.f, 0.f, 0.f, 0.f, 0.f}
+                                                    : std::vector<float>{67108864.f, 8192.f, 8192.f, 2.f, 2.f};
+        for (float value : values) {
           params.push_back(
               make_param("p" + std::to_string(params.size()), Tensor::zeros({1, 1}, DType::f32, Device::cpu())));
           params.back()->grad = Tensor::from_floats({value}, {1, 1});
@@ -137,12 +140,13 @@ TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals 
               DTensor(params.back()->data, {2, 1}, mesh, {Placement::Replicate(), Placement::Shard(0)});
         }
         Stream s(Device::cpu());
-        norms[size_t(rank)] = clip_grad_norm(params, 1e9, s, comm.get());
+        norms[size_t(rank)] = clip_grad_norm(params, 1e18, s, comm.get());
       } catch (const std::exception& e) {
         errors[size_t(rank)] = e.what();
       }
     });
   for (std::thread& t : ranks) t.join();
   CHECK(errors == std::vector<std::string>{"", ""});
-  CHECK(norms == std::vector<double>{std::sqrt(116777217.0), std::sqrt(116777217.0)});
+  const double want = std::sqrt(4503599761588233.0);  // 67108865.00000006
+  CHECK(norms == std::vector<double>{want, want});
 }

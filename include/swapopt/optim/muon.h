@@ -126,9 +126,8 @@ class Muon : public Optimizer {
 
   std::vector<std::string> state_keys() const override { return {"momentum_buffer"}; }
   DType state_dtype(const std::string& key, const Param& param) const override;
-  /** Under HSDP, the answer of every rank (an all-reduce over the world group). */
-  bool grads_nonfinite() override;
-  bool on_any_rank(bool mine) override;
+  /** Under HSDP, an all-reduce over the world group. */
+  std::vector<float> sum_over_step_ranks(std::vector<float> values) override;
   void validate_options() const override;
 
   /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh
@@ -246,6 +245,8 @@ class Muon : public Optimizer {
   void apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical);
   void update_sharded(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                       const MomentumWriter& write_momentum);
+  /** At least 2 dims (a matrix or a stack of them). */
+  void check_unfixed_shape(const Param& param) const override;
   /** Also: no shard without HSDP. */
   void check_step_locally() override;
   /** Under HSDP, one all-reduce over the mesh: the local failures and, per HSDP param, the ranks
@@ -261,6 +262,8 @@ class Muon : public Optimizer {
   void fill_momentum(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);
   void orthogonalize_and_apply(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);
   void update_local(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum);
+  void update_owned(const HsdpAssignment& assignment, const std::vector<Param*>& params,
+                    const MomentumWriter& write_momentum);
   /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
   void wait_collectives(const std::vector<WorkPtr>& works);
 

@@ -100,11 +100,15 @@ class Optimizer {
   /** Whether the last step() was skipped for a non-finite grad. */
   bool last_step_skipped() const { return last_step_skipped_; }
   /** Whether any grad the next step would read holds a NaN or infinity; waits for the stream.
-   *  Collective under HSDP (every rank gets the same answer). */
-  virtual bool grads_nonfinite();
+   *  Collective under HSDP: every rank gets the same answer, and an error on one rank (a failure
+   *  its stream holds) throws on every rank. */
+  bool grads_nonfinite();
   /** Whether `mine` holds on any rank the optimizer's steps span: under HSDP an all-reduce over
-   *  every rank (collective; waits for the stream), otherwise `mine`. */
-  virtual bool on_any_rank(bool mine) { return mine; }
+   *  every rank (collective), otherwise `mine`. */
+  bool on_any_rank(bool mine) { return sum_over_step_ranks({mine ? 1.f : 0.f})[0] != 0.f; }
+  /** Each of `values` summed over the ranks the optimizer's steps span: under HSDP an all-reduce
+   *  over every rank of the mesh (collective), otherwise `values`. */
+  virtual std::vector<float> sum_over_step_ranks(std::vector<float> values) { return values; }
   /** The learning rate of `group`. */
   virtual double lr(size_t group) const = 0;
   /** Sets every group's learning rate, validated first: "[AdamW] lr must be finite and >= 0, got
@@ -183,19 +187,33 @@ class Optimizer {
   friend class SwapOptimizerSet;
   /** Calls the schedule, if any, with the number of the step about to run. */
   void apply_schedule();
+  /** What the optimizer requires of a param's shape while it is not fixed (ParamRecord::fixed):
+   *  checked when added and at each step until fixed. */
+  virtual void check_unfixed_shape(const Param& /*param*/) const {}
   /** The checks of check_step() this rank makes alone: nothing collective, nothing changed. */
   virtual void check_step_locally();
-  /** After every local check of a step: rethrows `local_failure` (the first error of those
-   *  checks, or null). HSDP Muon first has the ranks agree (collective): a failure on any rank
-   *  fails the step on every rank. */
-  virtual void agree_on_checks(std::exception_ptr local_failure);
+  /** After every local check of a step, `local_failure` their first error or null: an optimizer
+   *  whose steps span ranks has them agree (collective) and throws on every rank when a check
+   *  failed on any (this rank's own error where it failed); the others do nothing. */
+  virtual void agree_on_checks(std::exception_ptr /*local_failure*/) {}
   /** Runs `local_checks` (this rank's checks of one step of `optimizers`, stepped as one), catching
-   *  its error, then has each optimizer agree_on_checks(): every rank reaches the same collectives
-   *  and throws or passes alike. */
+   *  its error, then has every optimizer agree_on_checks() before the error is rethrown: every
+   *  rank reaches the same collectives and throws or passes alike. */
   static void check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks);
+  /** Whether `local` (this rank's part of a decision of one step of `optimizers`) holds on any
+   *  rank: runs it catching its error, then sums {its answer, whether it threw} over each
+   *  optimizer's ranks in turn (every rank makes the same calls). Rethrows the local error, or
+   *  throws Error(`elsewhere`) where `local` threw on another rank only. */
+  static bool vote_together(std::span<Optimizer* const> optimizers, const std::function<bool()>& local,
+                            const std::string& elsewhere);
+  /** Whether this rank's grads hold a NaN or infinity (waits for the stream; no vote). */
+  bool grads_nonfinite_locally();
   /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite()).
    *  Changes nothing: the caller sets last_step_skipped() once the step cannot throw its checks. */
   bool skip_this_step();
+  /** skip_this_step() of `optimizers` stepped as one: a non-finite grad in any of them, on any
+   *  rank, skips them all (a vote only when one of them skips non-finite steps). */
+  static bool skip_together(std::span<Optimizer* const> optimizers);
   /** The update itself, after step()'s checks passed. */
   virtual void run_step() = 0;
   /** Records grads_read() and params_updated() at the current end of stream(). */
@@ -281,6 +299,9 @@ class Optimizer {
     DType dtype = DType::f32;
   };
   std::vector<ParamRecord> records_;
+  /** Throws unless `param`'s data has the shape and dtype fixed in `record`, or, not fixed yet,
+   *  passes check_unfixed_shape(). */
+  void check_layout(const Param& param, const ParamRecord& record) const;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */

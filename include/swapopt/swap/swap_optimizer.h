@@ -127,6 +127,10 @@ class SwapOptimizer {
    *  skip vote, the units and the batches (budget checked); changes nothing. A set runs every
    *  member's checks before any member's plan. */
   PlannedStep plan_checked_step();
+  /** The units, their slots and the batches (budget checked) into `plan`: this rank alone. */
+  void plan_units(PlannedStep& plan);
+  /** What the other ranks throw when this rank's plan does not fit device_budget_bytes. */
+  std::string budget_elsewhere() const;
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 
   std::unique_ptr<StateSwapAdapter> adapter_;
