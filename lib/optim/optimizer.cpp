@@ -177,7 +177,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
-    records_.push_back({p.get(), groups_.size()});
+    records_.push_back({p.get(), groups_.size(), false, {}, DType::f32});  // fixed later: fix_layout()
   }
   groups_.push_back({std::move(params), 0});
 }
