@@ -42,19 +42,25 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
   }
   if (world != nullptr) {
     // Every rank's f64 sum, exchanged exactly and added in rank order: every rank gets the same
-    // total, without an f32 rounding. Three f32 parts in the rank's own slots (the other ranks add
-    // zeros) hold the 53 bits of a sum in f32's normal range; one beyond it (inf, NaN) goes as is.
-    std::vector<float> parts(3 * size_t(world->size()), 0.f);
-    float* mine = &parts[3 * size_t(world->rank())];
-    mine[0] = float(sum);
-    if (std::isfinite(mine[0])) {
-      const double rest = sum - double(mine[0]);  // exact, as is the next one
-      mine[1] = float(rest);
-      mine[2] = float(rest - double(mine[1]));
+    // total, without an f32 rounding or overflow. In the rank's own four slots (the other ranks add
+    // zeros): its binary exponent e (an integer, exact in f32), then sum * 2^-e, in [1, 2), as
+    // three f32 parts, which hold its 53 bits. Zero, inf and NaN go as they are, with e = 0.
+    constexpr size_t kSlots = 4;
+    std::vector<float> parts(kSlots * size_t(world->size()), 0.f);
+    float* mine = &parts[kSlots * size_t(world->rank())];
+    const int e = std::isfinite(sum) && sum != 0.0 ? std::ilogb(sum) : 0;
+    const double scaled = std::ldexp(sum, -e);
+    mine[0] = float(e);
+    mine[1] = float(scaled);
+    if (std::isfinite(scaled)) {
+      const double rest = scaled - double(mine[1]);  // exact, as is the next one
+      mine[2] = float(rest);
+      mine[3] = float(rest - double(mine[2]));
     }
     parts = sum_over_ranks(*world, stream.device(), parts);
     sum = 0.0;
-    for (size_t r = 0; r < parts.size(); r += 3) sum += double(parts[r]) + double(parts[r + 1]) + double(parts[r + 2]);
+    for (size_t r = 0; r < parts.size(); r += kSlots)
+      sum += std::ldexp(double(parts[r + 1]) + double(parts[r + 2]) + double(parts[r + 3]), int(parts[r]));
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

@@ -421,8 +421,12 @@ std::function<void()> Optimizer::prepare_load(
   }
   // The tensors are checked against each param's data below: a param whose layout is fixed must
   // still have it (a load cannot re-lay out state, the swap wrapper's mirrors least of all).
-  for (size_t i = 0; i < by_index.size(); ++i)
+  for (size_t i = 0; i < by_index.size(); ++i) {
+    SWAPOPT_CHECK(i < records_.size() && records_[i].param == by_index[i],
+                  "[" << name_ << "] parameter '" << by_index[i]->name
+                      << "' was put into param_groups() directly: add params with add_param_group()");
     if (records_[i].fixed) check_layout(*by_index[i], records_[i]);
+  }
   const PreparedOptions options = prepare_group_options(options_json);
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);

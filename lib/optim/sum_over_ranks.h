@@ -2,6 +2,7 @@
 // f32 values summed over a communicator's ranks (internal; the step checks' agreement and votes,
 // clipping's norm).
 
+#include <exception>
 #include <vector>
 
 #include "swapopt/comm/communicator.h"
@@ -20,7 +21,17 @@ inline std::vector<float> sum_over_ranks(Communicator& group, Device device, con
   const Tensor total = Tensor::empty({int64_t(values.size())}, DType::f32, device, &stream);
   ops::copy(stream, Tensor::from_floats(values, {int64_t(values.size())}), total);
   stream.synchronize();  // the collective reads `total` now
-  group.all_reduce(total)->wait();
+  const WorkPtr work = group.all_reduce(total);
+  // `total` is freed on `stream`: ordered after the collective's end, also when it failed (NCCL
+  // then throws after ordering it), and waited for either way.
+  std::exception_ptr ordering;
+  try {
+    work->finish_before(stream);
+  } catch (...) {
+    ordering = std::current_exception();
+  }
+  work->wait();
+  if (ordering) std::rethrow_exception(ordering);
   return total.to_float_vector();  // a copy on the same stream, after the collective completed
 }
 

@@ -914,6 +914,42 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE(
+      "2-rank HSDP SwapOptimizerSet, AdamW first: an AdamW plan its budget does not hold on one rank fails the step on "
+      "both ranks, changing nothing") {
+    // Only rank 1 steps the vector (AdamW params are each rank's own), and AdamW's budget holds
+    // none of its units: rank 0, whose AdamW has nothing to plan, would go on into Muon's
+    // broadcasts alone.
+    const TwoRankOutcome out = on_two_ranks([&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error,
+                                                std::string& unchanged) {
+      std::vector<ParamPtr> params = model(true);
+      replicate_matrices(params, rank);
+      MuonWithAdamW opt(Stream(Device::cpu()), params);
+      opt.muon().enable_hsdp(comm, HsdpOptions{.name = "setBudget"});
+      std::vector<SwapOptimizerSet::Member> members;
+      members.emplace_back("adamw", swap_adamw(opt.adamw(), {.min_numel = 1, .device_budget_bytes = 16}));
+      members.emplace_back("muon", swap_muon(opt.muon(), {.min_numel = 1}));
+      SwapOptimizerSet set(std::move(members));
+      set_grads(params, 1);
+      params[1]->grad = Tensor();
+      set.step();
+      set_grads(params, 2);
+      if (rank == 0) params[1]->grad = Tensor();
+      auto snap = [&] {
+        return snapshot(opt.muon(), params, &set.member("muon")) + snapshot(opt.adamw(), params, &set.member("adamw"));
+      };
+      const std::string before = snap();
+      error = error_of([&] { set.step(); });
+      unchanged = snap() == before ? "yes" : "no";
+    });
+    CAPTURE(out.errors[1]);
+    CHECK(out.errors[0] ==
+          "[swap] device_budget_bytes 16 does not hold the step's plan on another rank (that rank's error names the "
+          "unit): the step changed nothing");
+    CHECK(out.errors[1].rfind("[swap] device_budget_bytes 16 is below an update unit", 0) == 0);
+    CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+  }
+
+  TEST_CASE(
       "2-rank HSDP swapped: a device budget one rank's plan does not fit fails the step on every rank, changing "
       "nothing") {
     // Mesh 2x1: both matrices replicated, each owned (NS workspace and momentum) by one rank. The

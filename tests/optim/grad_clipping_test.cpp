@@ -29,6 +29,24 @@ double reference_norm(const std::vector<ParamPtr>& params) {
   return std::sqrt(sum);
 }
 
+/** Runs `body(rank, world)` on `ranks` thread ranks of one world; returns each rank's error ("" when none). */
+std::vector<std::string> on_thread_ranks(
+    int ranks, const std::function<void(int rank, const std::shared_ptr<Communicator>&)>& body) {
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<std::string> errors(size_t(ranks), "");
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank, std::make_shared<test::ThreadCommunicator>(world, "world", rank, ranks));
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
 }  // namespace
 
 TEST_CASE("clip_grad_norm: the global L2 norm, grads scaled by max_norm / (norm + 1e-6) when above, untouched below") {
@@ -65,13 +83,15 @@ TEST_CASE("clip_grad_norm: the global L2 norm, grads scaled by max_norm / (norm 
   CHECK(std::isnan(clip_grad_norm(bad, 1.0, s)));  // reported; nothing is scaled by a NaN
   s.synchronize();
   CHECK(serialize_state_dict({{{"w", bad[0]->grad}}, "{}"}) == kept);
-  CHECK(test::error_of([&] { clip_grad_norm(params, 0.0, s); }) == "[clip_grad_norm] max_norm must be finite and > 0, got 0");
+  CHECK(test::error_of([&] { clip_grad_norm(params, 0.0, s); }) ==
+        "[clip_grad_norm] max_norm must be finite and > 0, got 0");
   std::vector<ParamPtr> with_null = params;
   with_null.push_back(nullptr);
   CHECK(test::error_of([&] { clip_grad_norm(with_null, 1.0, s); }) == "[clip_grad_norm] null parameter");
 }
 
-TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the single-process norm, each element counted once") {
+TEST_CASE(
+    "clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the single-process norm, each element counted once") {
   // Full grads: a row-sharded matrix, a replicated matrix, and a param without a layout.
   const std::vector<Shape> shapes = {{8, 6}, {4, 4}, {5}};
   std::vector<ParamPtr> full;
@@ -80,32 +100,23 @@ TEST_CASE("clip_grad_norm across HSDP ranks (2x2 mesh): every rank gets the sing
     full.back()->grad = test::random_tensor(shapes[i], DType::f32, 10 + uint32_t(i));
   }
   const double want = reference_norm(full);
-  auto world = std::make_shared<test::ThreadWorld>();
   std::vector<double> norms(4, -1.0);
-  std::vector<std::string> errors(4);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 4; ++rank)
-    ranks.emplace_back([&, rank] {
-      try {
-        auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 4);
-        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
-        const int64_t shard = mesh->coordinate()[1];
-        std::vector<ParamPtr> params;
-        ParamPtr w = make_param("w", Tensor::zeros({4, 6}, DType::f32, Device::cpu()));
-        w->grad = full[0]->grad.narrow(0, 4 * shard, 4).clone();
-        w->layout = DTensor(w->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Shard(0)});
-        ParamPtr r = make_param("r", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
-        r->grad = full[1]->grad.clone();
-        r->layout = DTensor(r->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
-        ParamPtr l = make_param("l", Tensor::zeros({5}, DType::f32, Device::cpu()));
-        l->grad = full[2]->grad.clone();
-        Stream s(Device::cpu());
-        norms[size_t(rank)] = clip_grad_norm({w, r, l}, 1e9, s, comm.get());
-      } catch (const std::exception& e) {
-        errors[size_t(rank)] = e.what();
-      }
-    });
-  for (std::thread& t : ranks) t.join();
+  const std::vector<std::string> errors = on_thread_ranks(4, [&](int rank, const std::shared_ptr<Communicator>& comm) {
+    auto mesh =
+        std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
+    const int64_t shard = mesh->coordinate()[1];
+    std::vector<ParamPtr> params;
+    ParamPtr w = make_param("w", Tensor::zeros({4, 6}, DType::f32, Device::cpu()));
+    w->grad = full[0]->grad.narrow(0, 4 * shard, 4).clone();
+    w->layout = DTensor(w->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Shard(0)});
+    ParamPtr r = make_param("r", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
+    r->grad = full[1]->grad.clone();
+    r->layout = DTensor(r->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
+    ParamPtr l = make_param("l", Tensor::zeros({5}, DType::f32, Device::cpu()));
+    l->grad = full[2]->grad.clone();
+    Stream s(Device::cpu());
+    norms[size_t(rank)] = clip_grad_norm({w, r, l}, 1e9, s, comm.get());
+  });
   for (int rank = 0; rank < 4; ++rank) {
     CAPTURE(rank);
     CHECK(errors[size_t(rank)] == "");
@@ -119,34 +130,51 @@ TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals 
   // hold 2^26, 8192, 8192, 2, 2: a sum of 2^52 + 2^27 + 8, whose 53 bits need three f32 parts
   // (2^52, 2^27 and 8). The total 2^52 + 2^27 + 9 is exact in f64. Rank 1's sum sent as one or two
   // f32 parts, or the sums added in f32, would give a norm of 67108865 or 67108864.
-  auto world = std::make_shared<test::ThreadWorld>();
   std::vector<double> norms(2, -1.0);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back([&, rank] {
-      try {
-        auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
-        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
-                                                 std::vector<std::string>{"replicate", "shard"}, rank);
-        std::vector<ParamPtr> params;
-        const std::vector<float> values = rank == 0 ? std::vector<float>{1.f, 0.f, 0.f, 0.f, 0.f}
-                                                    : std::vector<float>{67108864.f, 8192.f, 8192.f, 2.f, 2.f};
-        for (float value : values) {
-          params.push_back(
-              make_param("p" + std::to_string(params.size()), Tensor::zeros({1, 1}, DType::f32, Device::cpu())));
-          params.back()->grad = Tensor::from_floats({value}, {1, 1});
-          params.back()->layout =
-              DTensor(params.back()->data, {2, 1}, mesh, {Placement::Replicate(), Placement::Shard(0)});
-        }
-        Stream s(Device::cpu());
-        norms[size_t(rank)] = clip_grad_norm(params, 1e18, s, comm.get());
-      } catch (const std::exception& e) {
-        errors[size_t(rank)] = e.what();
-      }
-    });
-  for (std::thread& t : ranks) t.join();
+  const std::vector<std::string> errors = on_thread_ranks(2, [&](int rank, const std::shared_ptr<Communicator>& comm) {
+    auto mesh =
+        std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"}, rank);
+    std::vector<ParamPtr> params;
+    const std::vector<float> values = rank == 0 ? std::vector<float>{1.f, 0.f, 0.f, 0.f, 0.f}
+                                                : std::vector<float>{67108864.f, 8192.f, 8192.f, 2.f, 2.f};
+    for (float value : values) {
+      params.push_back(
+          make_param("p" + std::to_string(params.size()), Tensor::zeros({1, 1}, DType::f32, Device::cpu())));
+      params.back()->grad = Tensor::from_floats({value}, {1, 1});
+      params.back()->layout = DTensor(params.back()->data, {2, 1}, mesh, {Placement::Replicate(), Placement::Shard(0)});
+    }
+    Stream s(Device::cpu());
+    norms[size_t(rank)] = clip_grad_norm(params, 1e18, s, comm.get());
+  });
   CHECK(errors == std::vector<std::string>{"", ""});
   const double want = std::sqrt(4503599761588233.0);  // 67108865.00000006
   CHECK(norms == std::vector<double>{want, want});
+}
+
+TEST_CASE("clip_grad_norm across ranks: a sum of squares beyond f32's range clips as in one process") {
+  // A grad of 1e20 (1e40 squared, past f32's 3.4e38) on a param without a layout (each rank
+  // weighs it by 1 / 2): the norm is the single-process one, and the grad is clipped.
+  const auto make = [] {
+    ParamPtr w = make_param("w", Tensor::zeros({1}, DType::f32, Device::cpu()));
+    w->grad = Tensor::from_floats({1e20f}, {1});
+    return w;
+  };
+  Stream single(Device::cpu());
+  const ParamPtr alone = make();
+  const double want = clip_grad_norm({alone}, 1.0, single);
+  const std::vector<float> clipped = alone->grad.to_float_vector();
+  std::vector<double> norms(2, -1.0);
+  std::vector<std::vector<float>> grads(2);
+  const std::vector<std::string> errors = on_thread_ranks(2, [&](int rank, const std::shared_ptr<Communicator>& comm) {
+    const ParamPtr w = make();
+    Stream s(Device::cpu());
+    norms[size_t(rank)] = clip_grad_norm({w}, 1.0, s, comm.get());
+    s.synchronize();
+    grads[size_t(rank)] = w->grad.to_float_vector();
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(want == double(1e20f));
+  CHECK(norms == std::vector<double>{want, want});
+  CHECK(grads == std::vector<std::vector<float>>{clipped, clipped});
+  CHECK(std::fabs(clipped[0] - 1.f) < 1e-6f);
 }

@@ -15,8 +15,8 @@ namespace swapopt {
  *  host in f64 (this synchronises `stream`). With `world` (the group of every rank of the params'
  *  mesh, the one Muon::enable_hsdp takes), each element counts once across ranks: a param with a DTensor
  *  layout weighs its local shard by 1 / (ranks holding the same elements), a param without one
- *  (the same on every rank) by 1 / world size, and each rank's f64 sum is exchanged exactly (in
- *  f32's normal range) and added in rank order. Every rank gets the same norm and clips alike. A non-finite norm is
+ *  (the same on every rank) by 1 / world size, and each rank's f64 sum is exchanged exactly and
+ *  added in rank order. Every rank gets the same norm and clips alike. A non-finite norm is
  * returned and clips nothing.
  */
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world = nullptr);

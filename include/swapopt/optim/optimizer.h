@@ -93,7 +93,8 @@ class Optimizer {
   void set_schedule(std::function<void(int64_t step)> schedule) { schedule_ = std::move(schedule); }
   /** With `on`, each step first looks for NaN or infinity in every grad it would read (one host
    *  sync per step); if it finds one (on any rank, under HSDP), the whole step is skipped: nothing
-   *  changes, step counters included, and last_step_skipped() says so. The schedule has run. */
+   *  changes, step counters included, and last_step_skipped() says so. The schedule has run.
+   *  Under HSDP every rank must set the same (the ranks vote only when it is on). */
   void set_skip_nonfinite(bool on) { skip_nonfinite_ = on; }
   /** Whether steps skip on a non-finite grad (set_skip_nonfinite; off by default). */
   bool skip_nonfinite() const { return skip_nonfinite_; }

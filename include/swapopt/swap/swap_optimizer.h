@@ -124,8 +124,8 @@ class SwapOptimizer {
   /** Throws the failure of a finished save_async(), once. */
   void check_save();
   /** plan_step() after its checks (the save's, the schedule, the optimizer's check_step()): the
-   *  skip vote, the units and the batches (budget checked); changes nothing. A set runs every
-   *  member's checks before any member's plan. */
+   *  skip vote, the units and the batches (budget checked, the ranks voting on it); changes
+   *  nothing. A set votes and plans for all its members at once instead (SwapOptimizerSet::step). */
   PlannedStep plan_checked_step();
   /** The units, their slots and the batches (budget checked) into `plan`: this rank alone. */
   void plan_units(PlannedStep& plan);

@@ -41,8 +41,8 @@ class SwapOptimizerSet {
   void synchronize();
   /** The stream every member steps on (one for all: the constructor checks it). */
   Stream& stream() { return members_.front().second->stream(); }
-  /** set_skip_nonfinite(on) on every member's optimizer: a non-finite grad in any member then
-   *  skips the whole set's step. */
+  /** set_skip_nonfinite(on) on every member's optimizer: a non-finite grad in any member (on any
+   *  rank, under HSDP: every rank must set the same) then skips the whole set's step. */
   void set_skip_nonfinite(bool on);
   /** Whether the last step() was skipped for a non-finite grad (the members skip together). */
   bool last_step_skipped() { return members_.front().second->optimizer().last_step_skipped(); }
