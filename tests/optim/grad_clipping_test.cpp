@@ -162,6 +162,7 @@ TEST_CASE("clip_grad_norm across ranks: a sum of squares beyond f32's range clip
   Stream single(Device::cpu());
   const ParamPtr alone = make();
   const double want = clip_grad_norm({alone}, 1.0, single);
+  single.synchronize();  // the clipping scale is enqueued on the stream; to_float_vector() is not ordered after it
   const std::vector<float> clipped = alone->grad.to_float_vector();
   std::vector<double> norms(2, -1.0);
   std::vector<std::vector<float>> grads(2);
