@@ -136,6 +136,10 @@ Shape Muon::ns_input_shape(const std::vector<Param*>& params) const {
 
 Tensor Muon::allocate_ns_input(size_t group, const std::vector<Param*>& params) {
   check_in_group(group, params, "allocate_ns_input");
+  return new_ns_input(group, params);
+}
+
+Tensor Muon::new_ns_input(size_t group, const std::vector<Param*>& params) {
   return Tensor::empty(ns_input_shape(params), ns_dtype(group), device(), &stream_);
 }
 
@@ -156,7 +160,7 @@ Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
 }
 
 Tensor Muon::stacked_momentum(size_t group, const std::vector<Param*>& params) {
-  Tensor stacked = Tensor::empty(ns_input_shape(params), ns_dtype(group), device(), &stream_);
+  Tensor stacked = new_ns_input(group, params);
   fill_momentum(group, params, ns_input_parts(stacked, params));
   return stacked;
 }
@@ -309,7 +313,7 @@ void Muon::update_local(size_t group, const std::vector<Param*>& params, const M
   std::unordered_map<const Param*, Tensor> input_of;
   for (const std::vector<Param*>& shape_group : group_by_shape(params))
     for (std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group)) {
-      stacked.push_back(Tensor::empty(ns_input_shape(batch), ns_dtype(group), device(), &stream_));
+      stacked.push_back(new_ns_input(group, batch));
       const std::vector<Tensor> parts = ns_input_parts(stacked.back(), batch);
       for (size_t i = 0; i < batch.size(); ++i) input_of.emplace(batch[i], parts[i]);
       batches.push_back(std::move(batch));

@@ -158,8 +158,10 @@ std::vector<float> Muon::sum_over_step_ranks(std::vector<float> values) {
   return sum_over_ranks(mesh_groups_->world(), device(), values);
 }
 
+bool Muon::spans_ranks() const { return hsdp_enabled() && mesh_groups_->world().size() > 1; }
+
 void Muon::agree_on_checks(std::exception_ptr local_failure) {
-  if (!hsdp_enabled() || mesh_groups_->world().size() == 1) return;
+  if (!spans_ranks()) return;
   // One all-reduce over the mesh: how many ranks failed their local checks, and per HSDP param how
   // many hold its grad (exact in f32). A check failing on one rank then fails the step on every
   // rank before any of them starts the update's collectives (which would wait for it). Every rank
@@ -173,7 +175,7 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
       params.push_back(p);
       counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
-  counts = sum_over_ranks(world, device(), counts);
+  counts = sum_over_step_ranks(std::move(counts));
   if (local_failure) std::rethrow_exception(local_failure);
   SWAPOPT_CHECK(counts[0] == 0.f, "[Muon] the step's checks failed on " << counts[0] << " of " << world.size()
                                                                         << " ranks (their errors say why): the step "

@@ -50,6 +50,7 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
         all.push_back(p.get());
       }
   check_disjoint_params(all, "swap");
+  last_to_run_ = members_.size() - 1;
 }
 
 SwapOptimizerSet::~SwapOptimizerSet() {
@@ -87,7 +88,15 @@ void SwapOptimizerSet::step() {
       Optimizer::vote_together(optimizers, plan_all, budgeted->second->budget_elsewhere());
     }
   }
-  for (size_t i = 0; i < members_.size(); ++i) members_[i].second->run_step(plans[i]);
+  // Members whose updates are collective run first: an unexpected failure (a CUDA error, memory
+  // despite the budget) in a rank-local member then cannot leave the other ranks waiting in a
+  // collective this rank never reaches. The members' params are disjoint, so the order changes no
+  // result.
+  std::vector<size_t> order(members_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return optimizers[i]->spans_ranks(); });
+  for (size_t i : order) members_[i].second->run_step(plans[i]);
+  last_to_run_ = order.back();
 }
 
 void SwapOptimizerSet::set_skip_nonfinite(bool on) {

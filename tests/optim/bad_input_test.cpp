@@ -154,6 +154,18 @@ TwoRankOutcome on_two_ranks(const std::function<void(int rank, const std::shared
   return out;
 }
 
+/** on_two_ranks once bare and once swapped: `body` also gets `swap`; `check` gets each outcome. */
+void bare_and_swapped_on_two_ranks(
+    const std::function<void(int rank, const std::shared_ptr<Communicator>& world, bool swap, std::string& error,
+                             std::string& unchanged)>& body,
+    const std::function<void(const TwoRankOutcome&)>& check) {
+  for (bool swap : {false, true}) {
+    CAPTURE(swap);
+    check(on_two_ranks([&](int rank, const std::shared_ptr<Communicator>& world, std::string& error,
+                           std::string& unchanged) { body(rank, world, swap, error, unchanged); }));
+  }
+}
+
 /** Gives every matrix of `params` a layout replicated over a 2x1 mesh (rank `rank` of it): each
  *  is updated by one owner and broadcast to the other replica. */
 void replicate_matrices(const std::vector<ParamPtr>& params, int rank) {
@@ -718,136 +730,137 @@ TEST_SUITE("bad input") {
          "[test] no learning rate for step 3",
          other_rank},
     };
-    for (const Case& c : cases)
-      for (bool swap : {false, true}) {
-        CAPTURE(c.what);
-        CAPTURE(swap);
-        const TwoRankOutcome out = on_two_ranks(
-            [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-              auto mesh = std::make_shared<DeviceMesh>(c.mesh, std::vector<std::string>{"replicate", "shard"}, rank);
-              const int64_t shards = c.mesh[1], shard = rank % shards;
-              std::vector<ParamPtr> full = model(false), params;
-              for (size_t i = 0; i < full.size(); ++i) {
-                if (i == 1) {
-                  params.push_back(full[i]);
-                  continue;
-                }
-                const int64_t rows = full[i]->data.shape()[0] / shards;
-                ParamPtr p = make_param(full[i]->name, full[i]->data.narrow(0, shard * rows, rows).clone());
-                p->layout = DTensor(p->data, full[i]->data.shape(), mesh, {Placement::Replicate(), Placement::Shard(0)});
-                params.push_back(p);
+    for (const Case& c : cases) {
+      CAPTURE(c.what);
+      bare_and_swapped_on_two_ranks(
+          [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
+              std::string& unchanged) {
+            auto mesh = std::make_shared<DeviceMesh>(c.mesh, std::vector<std::string>{"replicate", "shard"}, rank);
+            const int64_t shards = c.mesh[1], shard = rank % shards;
+            std::vector<ParamPtr> full = model(false), params;
+            for (size_t i = 0; i < full.size(); ++i) {
+              if (i == 1) {
+                params.push_back(full[i]);
+                continue;
               }
-              Muon muon(Stream(Device::cpu()));
-              muon.add_param_group(params);
-              HsdpOptions h;
-              h.name = std::string("bad") + (swap ? "s" : "b");
-              muon.enable_hsdp(comm, h);
-              SwapConfig config;
-              config.min_numel = 1;
-              std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, config) : nullptr;
-              auto step = [&] { swapped ? swapped->step() : muon.step(); };
-              for (int s = 1; s <= 2; ++s) {
-                set_grads(params, s);
-                step();
-              }
-              set_grads(params, 3);
-              c.edit(params, muon, rank);
-              const std::string before = snapshot(muon, params, swapped.get());
-              error = error_of(step);
-              unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
-            });
-        CHECK(out.errors[0] == (c.rank0_message.empty() ? c.message : c.rank0_message));
-        CHECK(out.errors[1] == c.message);
-        CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
-      }
+              const int64_t rows = full[i]->data.shape()[0] / shards;
+              ParamPtr p = make_param(full[i]->name, full[i]->data.narrow(0, shard * rows, rows).clone());
+              p->layout = DTensor(p->data, full[i]->data.shape(), mesh, {Placement::Replicate(), Placement::Shard(0)});
+              params.push_back(p);
+            }
+            Muon muon(Stream(Device::cpu()));
+            muon.add_param_group(params);
+            HsdpOptions h;
+            h.name = std::string("bad") + (swap ? "s" : "b");
+            muon.enable_hsdp(comm, h);
+            SwapConfig config;
+            config.min_numel = 1;
+            std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon, config) : nullptr;
+            auto step = [&] { swapped ? swapped->step() : muon.step(); };
+            for (int s = 1; s <= 2; ++s) {
+              set_grads(params, s);
+              step();
+            }
+            set_grads(params, 3);
+            c.edit(params, muon, rank);
+            const std::string before = snapshot(muon, params, swapped.get());
+            error = error_of(step);
+            unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+          },
+          [&](const TwoRankOutcome& out) {
+            CHECK(out.errors[0] == (c.rank0_message.empty() ? c.message : c.rank0_message));
+            CHECK(out.errors[1] == c.message);
+            CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+          });
+    }
   }
 
   TEST_CASE("2-rank HSDP skipping non-finite steps: a failure one rank's stream holds fails the step on both ranks") {
-    for (bool swap : {false, true}) {
-      CAPTURE(swap);
-      const TwoRankOutcome out = on_two_ranks(
-          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            ReplicatedMuon r(rank, comm, "stream", swap);
-            r.muon.set_skip_nonfinite(true);
-            set_grads(r.params, 1);
-            r.step();
-            set_grads(r.params, 2);
-            const std::string before = r.snap();
-            // The trainer's backward, enqueued on the optimizer's stream, failed on rank 1 only: the
-            // step's look for non-finite grads synchronises the stream and meets it there.
-            if (rank == 1) r.muon.stream().enqueue([] { SWAPOPT_FAIL("[test] backward failed"); });
-            error = error_of([&] { r.step(); });
-            unchanged = r.snap() == before ? "yes" : "no";
-          });
-      CHECK(out.errors ==
-            std::vector<std::string>{"[Muon] the non-finite grad check failed on another rank (its error says why)",
-                                     "[test] backward failed"});
-      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
-    }
+    bare_and_swapped_on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
+            std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "stream", swap);
+          r.muon.set_skip_nonfinite(true);
+          set_grads(r.params, 1);
+          r.step();
+          set_grads(r.params, 2);
+          const std::string before = r.snap();
+          // The trainer's backward, enqueued on the optimizer's stream, failed on rank 1 only: the
+          // step's look for non-finite grads synchronises the stream and meets it there.
+          if (rank == 1) r.muon.stream().enqueue([] { SWAPOPT_FAIL("[test] backward failed"); });
+          error = error_of([&] { r.step(); });
+          unchanged = r.snap() == before ? "yes" : "no";
+        },
+        [](const TwoRankOutcome& out) {
+          CHECK(out.errors ==
+                std::vector<std::string>{"[Muon] the non-finite grad check failed on another rank (its error says why)",
+                                         "[test] backward failed"});
+          CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+        });
   }
 
   TEST_CASE("2-rank HSDP: a replicated param without a grad keeps each rank's own values (its owner sends nothing)") {
-    for (bool swap : {false, true}) {
-      CAPTURE(swap);
-      const TwoRankOutcome out = on_two_ranks(
-          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            ReplicatedMuon r(rank, comm, "frozen", swap);
-            // A frozen param whose replicas differ (each rank's own copy): no step may touch it.
-            const ParamPtr frozen = r.params[2];
-            frozen->data = test::random_tensor(frozen->data.shape(), DType::f32, uint32_t(50 + rank));
-            const Tensor before = frozen->data.clone();
-            error = error_of([&] {
-              for (int s = 1; s <= 2; ++s) {
-                set_grads(r.params, s);
-                frozen->grad = Tensor();
-                r.step();
-              }
-              r.muon.synchronize();
-            });
-            unchanged = test::same_bits(frozen->data, before) ? "yes" : "no";
+    bare_and_swapped_on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
+            std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "frozen", swap);
+          // A frozen param whose replicas differ (each rank's own copy): no step may touch it.
+          const ParamPtr frozen = r.params[2];
+          frozen->data = test::random_tensor(frozen->data.shape(), DType::f32, uint32_t(50 + rank));
+          const Tensor before = frozen->data.clone();
+          error = error_of([&] {
+            for (int s = 1; s <= 2; ++s) {
+              set_grads(r.params, s);
+              frozen->grad = Tensor();
+              r.step();
+            }
+            r.muon.synchronize();
           });
-      CHECK(out.errors == std::vector<std::string>{"", ""});
-      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
-    }
+          unchanged = test::same_bits(frozen->data, before) ? "yes" : "no";
+        },
+        [](const TwoRankOutcome& out) {
+          CHECK(out.errors == std::vector<std::string>{"", ""});
+          CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+        });
   }
 
   TEST_CASE("2-rank HSDP: params sharded after add_param_group, before enable_hsdp, step as if sharded before") {
-    for (bool swap : {false, true}) {
-      CAPTURE(swap);
-      const TwoRankOutcome out = on_two_ranks(
-          [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
-            auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
-                                                     std::vector<std::string>{"replicate", "shard"}, rank);
-            auto shard = [&](const ParamPtr& p) {
-              if (p->name == "w1") return;  // stays local
-              const Shape full = p->data.shape();
-              p->data = p->data.narrow(0, rank * full[0] / 2, full[0] / 2).clone();
-              p->layout = DTensor(p->data, full, mesh, {Placement::Replicate(), Placement::Shard(0)});
-            };
-            std::vector<ParamPtr> early = model(false), late = model(false);
-            for (const ParamPtr& p : early) shard(p);
-            Muon first(Stream(Device::cpu())), then(Stream(Device::cpu()));
-            first.add_param_group(early);
-            then.add_param_group(late);
-            for (const ParamPtr& p : late) shard(p);  // the trainer shards its model after building the optimizer
-            first.enable_hsdp(comm, HsdpOptions{.name = swap ? "earlyS" : "earlyB"});
-            then.enable_hsdp(comm, HsdpOptions{.name = swap ? "lateS" : "lateB"});
-            std::unique_ptr<SwapOptimizer> first_swapped = swap ? swap_muon(first, {.min_numel = 1}) : nullptr;
-            std::unique_ptr<SwapOptimizer> then_swapped = swap ? swap_muon(then, {.min_numel = 1}) : nullptr;
-            error = error_of([&] {
-              for (int s = 1; s <= 2; ++s) {
-                set_grads(early, s);
-                set_grads(late, s);
-                swap ? first_swapped->step() : first.step();
-                swap ? then_swapped->step() : then.step();
-              }
-            });
-            unchanged =
-                snapshot(first, early, first_swapped.get()) == snapshot(then, late, then_swapped.get()) ? "yes" : "no";
+    bare_and_swapped_on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
+            std::string& unchanged) {
+          auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
+                                                   std::vector<std::string>{"replicate", "shard"}, rank);
+          auto shard = [&](const ParamPtr& p) {
+            if (p->name == "w1") return;  // stays local
+            const Shape full = p->data.shape();
+            p->data = p->data.narrow(0, rank * full[0] / 2, full[0] / 2).clone();
+            p->layout = DTensor(p->data, full, mesh, {Placement::Replicate(), Placement::Shard(0)});
+          };
+          std::vector<ParamPtr> early = model(false), late = model(false);
+          for (const ParamPtr& p : early) shard(p);
+          Muon first(Stream(Device::cpu())), then(Stream(Device::cpu()));
+          first.add_param_group(early);
+          then.add_param_group(late);
+          for (const ParamPtr& p : late) shard(p);  // the trainer shards its model after building the optimizer
+          first.enable_hsdp(comm, HsdpOptions{.name = swap ? "earlyS" : "earlyB"});
+          then.enable_hsdp(comm, HsdpOptions{.name = swap ? "lateS" : "lateB"});
+          std::unique_ptr<SwapOptimizer> first_swapped = swap ? swap_muon(first, {.min_numel = 1}) : nullptr;
+          std::unique_ptr<SwapOptimizer> then_swapped = swap ? swap_muon(then, {.min_numel = 1}) : nullptr;
+          error = error_of([&] {
+            for (int s = 1; s <= 2; ++s) {
+              set_grads(early, s);
+              set_grads(late, s);
+              swap ? first_swapped->step() : first.step();
+              swap ? then_swapped->step() : then.step();
+            }
           });
-      CHECK(out.errors == std::vector<std::string>{"", ""});
-      CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});  // here: bitwise the same steps
-    }
+          unchanged =
+              snapshot(first, early, first_swapped.get()) == snapshot(then, late, then_swapped.get()) ? "yes" : "no";
+        },
+        [](const TwoRankOutcome& out) {
+          CHECK(out.errors == std::vector<std::string>{"", ""});
+          CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});  // here: bitwise the same steps
+        });
   }
 
   TEST_CASE(
@@ -911,6 +924,45 @@ TEST_SUITE("bad input") {
         }
         CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
       }
+  }
+
+  TEST_CASE(
+      "2-rank HSDP SwapOptimizerSet, AdamW first: HSDP Muon's update runs first, and the set's events are AdamW's") {
+    // Each rank owns one matrix; its NS hook enqueues a read of AdamW's param on the shared stream.
+    // Muon running first, the read sees the param before AdamW's update: a failure of the
+    // rank-local AdamW update cannot then leave the other rank waiting in Muon's broadcasts.
+    const TwoRankOutcome out = on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          std::vector<ParamPtr> params = model(true);
+          replicate_matrices(params, rank);
+          const std::vector<float> bias_before = params[1]->data.to_float_vector();
+          std::vector<std::vector<float>> bias_at_ns;
+          MuonHooks hooks;
+          hooks.zeropower_fn = [&](Stream& stream, const Tensor&, int) {
+            stream.enqueue([&] { bias_at_ns.push_back(params[1]->data.to_float_vector()); });
+          };
+          MuonWithAdamW opt(Stream(Device::cpu()), params, {}, {}, {}, hooks);
+          opt.muon().enable_hsdp(comm, HsdpOptions{.name = "order"});
+          std::vector<SwapOptimizerSet::Member> members;
+          members.emplace_back("adamw", swap_adamw(opt.adamw(), {.min_numel = 1}));
+          members.emplace_back("muon", swap_muon(opt.muon(), {.min_numel = 1}));
+          SwapOptimizerSet set(std::move(members));
+          set_grads(params, 1);
+          error = error_of([&] {
+            set.step();
+            set.synchronize();
+          });
+          const bool events_last = &set.params_updated() == &set.member("adamw").params_updated() &&
+                                   &set.grads_read() == &set.member("adamw").grads_read();
+          const bool bias_updated = params[1]->data.to_float_vector() != bias_before;
+          unchanged = !bias_at_ns.empty() && bias_updated && events_last &&
+                              std::all_of(bias_at_ns.begin(), bias_at_ns.end(),
+                                          [&](const std::vector<float>& b) { return b == bias_before; })
+                          ? "yes"
+                          : "no";
+        });
+    CHECK(out.errors == std::vector<std::string>{"", ""});
+    CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});  // here: Muon ran first, AdamW last
   }
 
   TEST_CASE(

@@ -128,6 +128,7 @@ class Muon : public Optimizer {
   DType state_dtype(const std::string& key, const Param& param) const override;
   /** Under HSDP, an all-reduce over the world group. */
   std::vector<float> sum_over_step_ranks(std::vector<float> values) override;
+  bool spans_ranks() const override;
   void validate_options() const override;
 
   /** Turns on HSDP over `world`, the group of every rank of the params' mesh (world rank == mesh
@@ -258,6 +259,8 @@ class Muon : public Optimizer {
   friend class MuonSwapAdapter;
   /** [matrices, rows, cols] of the stacked NS input of `params` (one core shape, at least one). */
   Shape ns_input_shape(const std::vector<Param*>& params) const;
+  /** An uninitialised stacked NS input of `params`, in the group's NS dtype, on the step's stream. */
+  Tensor new_ns_input(size_t group, const std::vector<Param*>& params);
   Tensor stacked_momentum(size_t group, const std::vector<Param*>& params);
   void fill_momentum(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);
   void orthogonalize_and_apply(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);

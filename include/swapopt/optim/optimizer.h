@@ -110,6 +110,9 @@ class Optimizer {
   /** Each of `values` summed over the ranks the optimizer's steps span: under HSDP an all-reduce
    *  over every rank of the mesh (collective), otherwise `values`. */
   virtual std::vector<float> sum_over_step_ranks(std::vector<float> values) { return values; }
+  /** Whether the optimizer's steps are collective over more than one rank (HSDP Muon on a mesh of
+   *  several ranks): a SwapOptimizerSet runs such members' updates first. */
+  virtual bool spans_ranks() const { return false; }
   /** The learning rate of `group`. */
   virtual double lr(size_t group) const = 0;
   /** Sets every group's learning rate, validated first: "[AdamW] lr must be finite and >= 0, got

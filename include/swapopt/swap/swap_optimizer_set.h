@@ -26,17 +26,20 @@ class SwapOptimizerSet {
   SwapOptimizerSet& operator=(const SwapOptimizerSet&) = delete;
 
   /** One step of every member, with Optimizer::step's contract: every member is checked and
-   *  planned (budget included) before any of them changes anything. */
+   *  planned (budget included) before any of them changes anything. The updates then run in the
+   *  members' order, except that those spanning ranks (Optimizer::spans_ranks: HSDP Muon) run
+   *  first, so that a failure of a rank-local member cannot leave other ranks in a collective. */
   void step();
   /** Every member's zero_grad(). */
   void zero_grad();
   /** Every member's prefetch_early(). */
   void prefetch_early();
-  /** Completes when the last step() has read every grad (members share the stream: the last
-   *  member's event covers them all). */
-  const Event& grads_read() { return members_.back().second->grads_read(); }
-  /** Completes when the last step() has written every param (the last member's event). */
-  const Event& params_updated() { return members_.back().second->params_updated(); }
+  /** Completes when the last step() has read every grad (members share the stream: the event of
+   *  the member that stepped last covers them all). */
+  const Event& grads_read() { return members_[last_to_run_].second->grads_read(); }
+  /** Completes when the last step() has written every param (the event of the member that stepped
+   *  last). */
+  const Event& params_updated() { return members_[last_to_run_].second->params_updated(); }
   /** Blocks the host until every member's last step is done, its state copies included. */
   void synchronize();
   /** The stream every member steps on (one for all: the constructor checks it). */
@@ -89,6 +92,8 @@ class SwapOptimizerSet {
   /** The members' names, in order. */
   std::vector<std::string> member_names() const;
   std::vector<Member> members_;
+  // The member whose update runs last: step() runs those spanning ranks first.
+  size_t last_to_run_ = 0;
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 };
 
