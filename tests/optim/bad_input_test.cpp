@@ -1,6 +1,7 @@
 // Bad input gets its named error and changes nothing: bare, swapped and 2-rank HSDP optimizers,
 // every kind of bad grad, bad options, and checkpoints that must not load. Each case compares a
 // snapshot of every byte a step or a load may change, taken before and after.
+#include <chrono>
 #include <future>
 #include <thread>
 
@@ -797,6 +798,31 @@ TEST_SUITE("bad input") {
                                          "[test] backward failed"});
           CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
         });
+  }
+
+  TEST_CASE("2-rank HSDP swapped: a background save failed on one rank fails the next step on both, changing nothing") {
+    const std::string path = "/nonexistent-dir/rank1.safetensors";
+    const TwoRankOutcome out = on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "save", true);
+          set_grads(r.params, 1);
+          r.step();
+          if (rank == 1) {
+            r.swapped->save_async(path);  // its writer fails at once: the directory does not exist
+            r.swapped->runtime().wait_mirror_reader();
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a step reports a finished save
+          }
+          set_grads(r.params, 2);
+          const std::string before = r.snap();
+          error = error_of([&] { r.step(); });
+          unchanged = r.snap() == before ? "yes" : "no";
+        });
+    CHECK(out.errors == std::vector<std::string>{
+                            "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed "
+                            "nothing",
+                            "[checkpoint] saving '" + path + "' in the background failed: [checkpoint] cannot create '" +
+                                path + ".tmp': No such file or directory"});
+    CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
   }
 
   TEST_CASE("2-rank HSDP: a replicated param without a grad keeps each rank's own values (its owner sends nothing)") {
