@@ -54,6 +54,11 @@ bool Muon::keeps_state(const Param& param) const {
 void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options) {
   SWAPOPT_CHECK(world != nullptr, "[Muon] enable_hsdp needs a communicator");
   SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
+  // The wrapper laid out its mirrors for every param, and a SwapOptimizerSet ordered its members,
+  // before the step became collective.
+  SWAPOPT_CHECK(!wrapped(),
+                "[Muon] enable_hsdp() on an optimizer wrapped by a SwapOptimizer: enable HSDP first, then "
+                "wrap the optimizer");
   options.validate();
   const Param* first = nullptr;
   for (const ParamGroup& g : groups_)

@@ -90,7 +90,7 @@ void SwapOptimizerSet::step() {
   }
   // Members whose updates are collective run first: an unexpected failure (a CUDA error, memory
   // despite the budget) in a rank-local member then cannot leave the other ranks waiting in a
-  // collective this rank never reaches. The members' params are disjoint, so the order changes no
+  // collective of this step that this rank never reaches. The members' params are disjoint, so the order changes no
   // result.
   std::vector<size_t> order(members_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -1062,7 +1062,8 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE(
-      "a wrapped optimizer refuses its own step, state_dict, load, a new group and a second wrap, changing nothing") {
+      "a wrapped optimizer refuses its own step, state_dict, load, a new group, HSDP and a second wrap, changing "
+      "nothing") {
     for (bool adamw : {false, true}) {
       Subject s(adamw, true);
       CAPTURE(s.name());
@@ -1086,6 +1087,16 @@ TEST_SUITE("bad input") {
                 swap_muon(static_cast<Muon&>(*s.optimizer));
               }
             }) == "[swap] " + name + " is already wrapped by a SwapOptimizer");
+      if (!adamw) {
+        CHECK(error_of([&] {
+                auto world =
+                    std::make_shared<test::ThreadCommunicator>(std::make_shared<test::ThreadWorld>(), "w", 0, 1);
+                static_cast<Muon&>(*s.optimizer).enable_hsdp(world);
+              }) ==
+              "[Muon] enable_hsdp() on an optimizer wrapped by a SwapOptimizer: enable HSDP first, then wrap the "
+              "optimizer");
+        CHECK(!static_cast<Muon&>(*s.optimizer).hsdp_enabled());
+      }
       // The mirrors are laid out when wrapped: a param added later would stay on the device.
       const size_t groups = s.optimizer->param_groups().size();
       ParamPtr extra = make_param("extra", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));

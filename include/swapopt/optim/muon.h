@@ -138,7 +138,8 @@ class Muon : public Optimizer {
    *  owner and broadcast to its replica block; a sharded param's shards are all-gathered (packed,
    *  512-byte aligned) in the owner's shard group, one rank computes Newton-Schulz of the full
    *  matrix and broadcasts the update in the shard group, and every rank applies its slice. Only
-   *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). */
+   *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). Not
+   *  while a SwapOptimizer wraps the optimizer: enable HSDP first, then wrap. */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
   /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }

@@ -28,7 +28,8 @@ class SwapOptimizerSet {
   /** One step of every member, with Optimizer::step's contract: every member is checked and
    *  planned (budget included) before any of them changes anything. The updates then run in the
    *  members' order, except that those spanning ranks (Optimizer::spans_ranks: HSDP Muon) run
-   *  first, so that a failure of a rank-local member cannot leave other ranks in a collective. */
+   *  first, so that a failure of a rank-local member cannot leave other ranks in this step's
+   *  collectives. */
   void step();
   /** Every member's zero_grad(). */
   void zero_grad();
