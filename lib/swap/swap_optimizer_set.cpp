@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <numeric>
 #include <set>
 #include <unordered_map>
 
@@ -90,10 +91,10 @@ void SwapOptimizerSet::step() {
   }
   // Members whose updates are collective run first: an unexpected failure (a CUDA error, memory
   // despite the budget) in a rank-local member then cannot leave the other ranks waiting in a
-  // collective of this step that this rank never reaches. The members' params are disjoint, so the order changes no
-  // result.
+  // collective of this step that this rank never reaches. The members' params are disjoint, so
+  // the order changes no result.
   std::vector<size_t> order(members_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::iota(order.begin(), order.end(), size_t(0));
   std::stable_partition(order.begin(), order.end(), [&](size_t i) { return optimizers[i]->spans_ranks(); });
   for (size_t i : order) members_[i].second->run_step(plans[i]);
   last_to_run_ = order.back();

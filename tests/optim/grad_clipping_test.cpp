@@ -1,6 +1,5 @@
 // clip_grad_norm: torch's rule, exact in one process, each element counted once across HSDP ranks.
 #include <cmath>
-#include <thread>
 
 #include "optim/thread_communicator.h"
 #include "test_util.h"
@@ -33,18 +32,8 @@ double reference_norm(const std::vector<ParamPtr>& params) {
 std::vector<std::string> on_thread_ranks(
     int ranks, const std::function<void(int rank, const std::shared_ptr<Communicator>&)>& body) {
   auto world = std::make_shared<test::ThreadWorld>();
-  std::vector<std::string> errors(size_t(ranks), "");
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank, std::make_shared<test::ThreadCommunicator>(world, "world", rank, ranks));
-      } catch (const std::exception& e) {
-        errors[size_t(rank)] = e.what();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  return errors;
+  return test::run_on_thread_ranks(
+      ranks, [&](int rank) { body(rank, std::make_shared<test::ThreadCommunicator>(world, "world", rank, ranks)); });
 }
 
 }  // namespace
