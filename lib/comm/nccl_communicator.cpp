@@ -321,7 +321,12 @@ class NcclCommunicator final : public Communicator {
   WorkPtr collective(const char* name, const std::function<void()>& issue_calls) {
     auto work = std::make_shared<NcclWork>(state_, events_, stream_.device().index, name, timeout_);
     SWAPOPT_CUDA_CHECK(cudaEventRecord(work->started(), raw()));
-    issue_calls();
+    try {
+      issue_calls();
+    } catch (...) {
+      drain_after_failure(work->done());
+      throw;
+    }
     const cudaError_t recorded = cudaEventRecord(work->done(), raw());
     if (recorded != cudaSuccess) {
       state_->abort();
@@ -329,6 +334,17 @@ class NcclCommunicator final : public Communicator {
                                        << cudaGetErrorString(recorded) << " (the communicator was aborted)");
     }
     return work;
+  }
+
+  /** After an issue failed (the communicator is aborted by then): calls issued before it, such as
+   *  the earlier groups of a broadcast_many, may still be queued on the stream, and the caller,
+   *  given no work to wait on, frees their buffers. The abort ends their kernels; wait for that,
+   *  bounded by the timeout, before the error goes up. */
+  void drain_after_failure(cudaEvent_t done) {
+    if (cudaEventRecord(done, raw()) != cudaSuccess) return;
+    const nccl::Clock::time_point deadline = nccl::Clock::now() + timeout_;
+    while (cudaEventQuery(done) == cudaErrorNotReady && nccl::Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 
   /** Runs `call` on the handle (held against a concurrent abort) and settles it: a non-blocking

@@ -233,11 +233,19 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 
 Tensor Tensor::to(Device device) const {
+  // A copy touching a GPU runs on a stream of the source's GPU if it has one (ops::copy's rule,
+  // also from one GPU to another), else of the destination's.
+  Stream& stream = default_stream(this->device().is_cuda() ? this->device() : device);
   // A copy across devices needs contiguous memory on both sides: a strided view is first made
-  // contiguous on its own device (a strided copy there).
-  if (device != this->device() && !is_contiguous()) return to(this->device()).to(device);
+  // contiguous on its own device (a strided copy there). On a GPU that memory is taken and given
+  // back on the copy's stream: a free without a stream would wait for the whole device.
+  if (device != this->device() && !is_contiguous()) {
+    if (this->device().is_cpu()) return to(this->device()).to(device);
+    Tensor dense = empty(shape(), dtype_, this->device(), &stream);
+    ops::copy(stream, *this, dense);
+    return dense.to(device);
+  }
   Tensor out = empty(shape(), dtype_, device);
-  Stream& stream = default_stream(device.is_cuda() ? device : this->device());
   ops::copy(stream, *this, out);
   stream.synchronize();
   return out;

@@ -475,6 +475,11 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     use_device(Device::cuda(1));
     CHECK(swapped_muon_equals_bare(Stream(Device::cuda(1)), Stream(Device::cuda(1)), {96, 64}, 22));
     use_device(Device::cuda(0));
+    // to() from one GPU to the other, contiguous and strided (it runs on the source's stream).
+    const Tensor host = test::random_tensor({20, 12}, DType::f32, 23);
+    const Tensor on_0 = host.to(Device::cuda(0));
+    CHECK(test::same_bits(on_0.to(Device::cuda(1)).to(Device::cpu()), host));
+    CHECK(test::same_bits(on_0.narrow(1, 2, 7).to(Device::cuda(1)).to(Device::cpu()), host.narrow(1, 2, 7).clone()));
   }
 
   TEST_CASE("swapped equals bare bitwise on CUDA (packed, unpacked, prefetch_early, chunked units), and the same run twice gives the same bits") {

@@ -47,7 +47,9 @@ void wait_every(const std::vector<WorkPtr>& works);
  *  timeout passes, never hangs. Tensors are contiguous and written before the collective is issued
  *  (or on a stream passed to start_after() first). They stay allocated until it completed: until
  *  wait(), or (CUDA) freed in order on a stream passed to Work::finish_before(); Gloo holds its
- *  tensors itself until its collective ran. */
+ *  tensors itself until its collective ran. One thread at a time issues a communicator's
+ *  collectives and start_after() (NCCL: they share the communicator's stream and its start
+ *  event); a work's wait() may run on any thread. */
 class Communicator {
  public:
   virtual ~Communicator() = default;

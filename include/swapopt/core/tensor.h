@@ -99,7 +99,8 @@ class Tensor {
   /** Index `index` of dim `d`, which is removed. */
   Tensor select(int64_t d, int64_t index) const;
 
-  /** A contiguous copy on `device` (synchronous; uses default_stream(device) or the source's).
+  /** A contiguous copy on `device` (synchronous; on the default stream of the source's GPU, else
+   *  of the destination's, else of the CPU).
    *  It is not ordered after work still queued on other streams: synchronise the stream that
    *  writes this tensor first (the same holds for clone() and to_float_vector()). */
   Tensor to(Device device) const;
