@@ -57,6 +57,7 @@ constexpr const char* kFlags =
 
 Config parse(int argc, char** argv) {
   Config c;
+  bool given_every = false;  // --checkpoint-every
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
@@ -87,18 +88,21 @@ Config parse(int argc, char** argv) {
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > INT32_MAX)
-      usage("bad value '" + value + "' for " + flag);
+    if (value.empty() || *end != '\0' || errno == ERANGE) usage("bad value '" + value + "' for " + flag);
+    if (v < 1 || v > INT32_MAX)
+      usage("value " + value + " for " + flag + " is out of range (1 to " + std::to_string(INT32_MAX) + ")");
     if (flag == "--hidden") c.hidden = v;
     else if (flag == "--layers") c.layers = v;
     else if (flag == "--steps") c.steps = int(v);
     else if (flag == "--batch") c.batch = v;
     else if (flag == "--swap-times") c.swap_times = int(v);
-    else
+    else {
       c.checkpoint_every = int(v);  // --checkpoint-every, the last flag kValued names
+      given_every = true;
+    }
   }
-  if (c.replicas < 1 || c.shards < 1 || c.hidden < 1 || c.layers < 1 || c.steps < 1 || c.batch < 1 || c.swap_times < 1 || c.checkpoint_every < 1)
-    usage("sizes must be positive");
+  if (c.replicas < 1 || c.shards < 1) usage("--mesh takes RxS with R and S at least 1");
+  if (given_every && c.checkpoint_dir.empty()) usage("--checkpoint-every needs --checkpoint-dir");
   if (c.hidden % c.shards != 0 || c.output % c.shards != 0) usage("--hidden must be a multiple of the shard count");
   return c;
 }
@@ -190,7 +194,9 @@ int agree_on_resume_step(const Config& c, Communicator& world) {
 
 int run_rank(const Config& c) {
   const LaunchEnv env = LaunchEnv::from_environment();
-  if (env.world_size != c.replicas * c.shards) usage("WORLD_SIZE does not match --mesh");
+  if (env.world_size != c.replicas * c.shards)
+    usage("WORLD_SIZE " + std::to_string(env.world_size) + " does not match --mesh " + std::to_string(c.replicas) +
+          "x" + std::to_string(c.shards) + " (" + std::to_string(c.replicas * c.shards) + " ranks)");
   std::shared_ptr<Communicator> world = make_gloo_communicator(env);
   auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{c.replicas, c.shards},
                                            std::vector<std::string>{"replicate", "shard"}, env.rank);
@@ -265,9 +271,10 @@ int run_rank(const Config& c) {
   };
 
   if (lead)
-    std::printf("swapopt-hsdp: mesh %lldx%lld (replicate x shard), %lld layers of %lld, batch %lld per rank, %d steps\n",
-                (long long)c.replicas, (long long)c.shards, (long long)c.layers, (long long)c.hidden, (long long)c.batch,
-                c.steps);
+    std::printf(
+        "swapopt-hsdp: mesh %lldx%lld (replicate x shard), %lld layer%s of %lld, batch %lld per rank, %d steps\n",
+        (long long)c.replicas, (long long)c.shards, (long long)c.layers, c.layers == 1 ? "" : "s", (long long)c.hidden,
+        (long long)c.batch, c.steps);
   const int run_steps = c.steps - first_step + 1;  // this run's, after a resume
   if (run_steps <= 0) {
     if (lead) std::printf("swapopt-hsdp: the checkpoint is at step %d already, no step left of %d\n", first_step - 1, c.steps);

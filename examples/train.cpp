@@ -66,10 +66,10 @@ Config parse(int argc, char** argv) {
         {"--steps", [&](long long v) { c.steps = int(v); }},
         {"--batch", [&](long long v) { c.batch = v; }},
         {"--swap-times", [&](long long v) { c.swap_times = int(v); }},
-        {"--packed", [&](long long v) { c.packed = v != 0; }},
+        {"--packed", [&](long long v) { c.packed = v == 1; }},
         {"--budget", [&](long long v) { c.budget = size_t(v); }},
         {"--seed", [&](long long v) { c.seed = uint32_t(v); }},
-        {"--log-every", [&](long long v) { c.log_every = std::max(1, int(v)); }},
+        {"--log-every", [&](long long v) { c.log_every = int(v); }},
     };
     const auto set = valued.find(flag);
     if (set == valued.end()) usage(("unknown flag " + flag).c_str());
@@ -79,11 +79,16 @@ Config parse(int argc, char** argv) {
     errno = 0;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     if (text.empty() || *end != '\0' || errno == ERANGE) usage(("bad value '" + text + "' for " + flag).c_str());
-    const long long most = flag == "--budget" ? LLONG_MAX : flag == "--seed" ? UINT32_MAX : INT32_MAX;
-    if (v < 0 || v > most) usage(("value " + text + " for " + flag + " is out of range").c_str());
+    const long long most = flag == "--budget"   ? LLONG_MAX
+                           : flag == "--seed"   ? UINT32_MAX
+                           : flag == "--packed" ? 1
+                                                : INT32_MAX;
+    // Sizes and counts start at 1; --packed is 0 or 1, --budget (0: none) and --seed may be 0.
+    const long long least = flag == "--packed" || flag == "--budget" || flag == "--seed" ? 0 : 1;
+    if (v < least || v > most) usage(("value " + text + " for " + flag + " is out of range").c_str());
     set->second(v);
   }
-  if (c.hidden < 1 || c.layers < 1 || c.batch < 1 || c.steps < 1) usage("sizes must be positive");
+  if (!c.swap && c.budget > 0) usage("--budget plans the swap: it cannot go with --no-swap");
   return c;
 }
 
@@ -299,8 +304,15 @@ int run(const Config& c) {
   std::printf("\nsummary\n");
   std::printf("  loss: %.4f -> %.4f\n", first_loss, loss);
   const int steady = c.steps - warmup;
-  std::printf("  steps/s: %.2f steady state (%.1f ms/step over steps %d-%d; with the %d warm-up steps %.1f ms/step)\n",
-              1000.0 * steady / steady_ms, steady_ms / steady, warmup + 1, c.steps, warmup, total_ms / c.steps);
+  if (warmup == 0) {
+    std::printf("  steps/s: %.2f (%.1f ms/step; no warm-up in a run of %d step%s)\n", 1000.0 * steady / steady_ms,
+                steady_ms / steady, c.steps, c.steps == 1 ? "" : "s");
+  } else {
+    std::printf(
+        "  steps/s: %.2f steady state (%.1f ms/step over steps %d-%d; with the %d warm-up step%s %.1f ms/step)\n",
+        1000.0 * steady / steady_ms, steady_ms / steady, warmup + 1, c.steps, warmup, warmup == 1 ? "" : "s",
+        total_ms / c.steps);
+  }
   std::printf("  optimizer state: %zu bytes\n", all_state);
   std::printf("  peak device-resident optimizer bytes without swap: %zu\n", all_state);
   if (c.swap) std::printf("  peak device-resident optimizer bytes with swap:    %zu (%.1f%%)\n", stays + peak_swapped_resident,

@@ -63,6 +63,15 @@ sys.exit(1 if not swapopt or other else 0)
 PY
 }
 check "subproject installs only the shared library" installs_only_library
+# Installed (into a staging root), the program finds the library through its run path alone.
+installed_program_runs() {
+  DESTDIR="$work/subroot" meson install -C "$work/subproject/build" --no-rebuild >"$work/subinstall.log" 2>&1 ||
+    { tail -20 "$work/subinstall.log"; return 1; }
+  local program
+  program=$(find "$work/subroot" -name consumer -type f | head -1)
+  [ -n "$program" ] && env -u LD_LIBRARY_PATH "$program"
+}
+check "subproject's installed program runs" installed_program_runs
 
 # 2. Installed: meson install into a staging root, found through pkg-config.
 cp -r "$here/pkgconfig" "$work/pkgconfig"
