@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "../core/comma_list.h"
 #include "group_options.h"
 #include "json.h"
 #include "swapopt/core/error.h"
@@ -56,24 +57,18 @@ ops::AdamWScalars scalars_for(const AdamWOptions& o, int64_t step) {
   return k;
 }
 
-void require_grad(const Param& param) {
-  SWAPOPT_CHECK(param.has_grad(), "[AdamW] param '" << param.name << "' has no grad");
-  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
-                "[AdamW] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
-}
-
 /** Elements [begin, end) of `t`, flattened. */
 Tensor range_of(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).narrow(0, begin, end - begin); }
 }  // namespace
 
 void AdamW::update_param(size_t group, Param& param) {
   Param* const one[] = {&param};
-  update_params(group, one);
+  check_update_call(group, one, "update_param");
+  apply_updates(group, one);
 }
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
-  check_in_group(group, params, "update_params");
-  for (const Param* param : params) require_grad(*param);
+  check_update_call(group, params, "update_params");
   // Updates in one op run concurrently: a param listed twice would race with itself.
   std::vector<const Param*> listed(params.begin(), params.end());
   std::sort(listed.begin(), listed.end(), std::less<>());
@@ -108,12 +103,27 @@ void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
                                const std::map<std::string, Tensor>& staged) {
   const Param* const one[] = {&param};
-  check_in_group(group, one, "update_param_chunk");
-  const AdamWOptions& o = options_.at(group);
-  require_grad(param);
+  check_update_call(group, one, "update_param_chunk");
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),
                 "[AdamW] chunk [" << begin << ", " << end << ") is outside '" << param.name << "' ("
                                   << param.data.numel() << " elements)");
+  const std::vector<std::string> keys = group_state_keys(group);
+  for (const auto& [key, t] : staged) {
+    SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),
+                  "[AdamW] update_param_chunk: staged state '" << key << "' is not a state key of group " << group
+                                                               << " (" << comma_list(keys) << ")");
+    SWAPOPT_CHECK(t.defined() && !t.is_released() && t.device() == device() && t.is_contiguous() &&
+                      t.dtype() == DType::f32 && t.shape() == Shape{end - begin},
+                  "[AdamW] update_param_chunk: staged '"
+                      << key << "' is " << t.str() << ", the chunk needs a contiguous f32 [" << end - begin << "] on "
+                      << device().str());
+  }
+  apply_update_chunk(group, param, begin, end, staged);
+}
+
+void AdamW::apply_update_chunk(size_t group, Param& param, int64_t begin, int64_t end,
+                               const std::map<std::string, Tensor>& staged) {
+  const AdamWOptions& o = options_.at(group);
   const auto chunk_of = [&](const std::string& key) {
     const auto it = staged.find(key);
     if (it != staged.end()) return it->second;

@@ -155,7 +155,7 @@ std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vect
 }
 
 Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
-  check_in_group(group, params, "update_momentum");
+  check_update_call(group, params, "update_momentum");
   return stacked_momentum(group, params);
 }
 
@@ -165,18 +165,39 @@ Tensor Muon::stacked_momentum(size_t group, const std::vector<Param*>& params) {
   return stacked;
 }
 
+namespace {
+/** Throws unless `t` is a contiguous tensor on `device` with memory: what the momentum op needs of
+ *  a tensor the caller passes, checked before anything changes. */
+void check_operand(const Tensor& t, Device device, const std::string& what) {
+  SWAPOPT_CHECK(t.defined() && !t.is_released(), "[Muon] " << what << " is undefined or released");
+  SWAPOPT_CHECK(t.device() == device && t.is_contiguous(),
+                "[Muon] " << what << " is " << t.str() << ": it must be contiguous, on " << device.str());
+}
+}  // namespace
+
 void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
                           const Tensor& out_input) {
   const Param* const one[] = {&param};
-  check_in_group(group, one, "momentum_chunk");
-  const MuonOptions& o = options_.at(group);
+  check_update_call(group, one, "momentum_chunk");
   SWAPOPT_CHECK(!hooks_.momentum_update_fn, "[Muon] momentum_update_fn sees whole tensors: it cannot run in chunks");
-  SWAPOPT_CHECK(param.has_grad(), "[Muon] param '" << param.name << "' has no grad");
-  SWAPOPT_CHECK(param.grad.shape() == param.data.shape(),
-                "[Muon] grad of '" << param.name << "' is " << param.grad.str() << ", the param " << param.data.str());
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel() && out_input.numel() == end - begin,
                 "[Muon] chunk [" << begin << ", " << end << ") of '" << param.name << "' (" << param.data.numel()
                                  << " elements) into " << out_input.str());
+  check_operand(out_input, device(), "momentum_chunk's output");
+  if (staged_buffer.defined()) {
+    check_operand(staged_buffer, device(), "momentum_chunk's staged buffer");
+    SWAPOPT_CHECK(
+        staged_buffer.shape() == Shape{end - begin} && staged_buffer.dtype() == state_dtype("momentum_buffer", param),
+        "[Muon] momentum_chunk's staged buffer is " << staged_buffer.str() << ", the chunk needs "
+                                                    << dtype_name(state_dtype("momentum_buffer", param)) << " ["
+                                                    << end - begin << "]");
+  }
+  chunk_momentum(group, param, begin, end, staged_buffer, out_input);
+}
+
+void Muon::chunk_momentum(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
+                          const Tensor& out_input) {
+  const MuonOptions& o = options_.at(group);
   const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
   if (begin == 0) state_[&param].step += 1;  // once per update, at its first chunk (as momentum_into counts)
   const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
@@ -185,7 +206,9 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
 }
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
-  check_in_group(group, params, "momentum_into");
+  check_update_call(group, params, "momentum_into");
+  for (size_t i = 0; i < out_inputs.size(); ++i)
+    check_operand(out_inputs[i], device(), "momentum_into's output " + std::to_string(i));
   fill_momentum(group, params, out_inputs);
 }
 
@@ -296,7 +319,7 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 }
 
 void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
-  check_in_group(group, params, "update_params");
+  check_update_call(group, params, "update_params");
   update_local(group, params, write_momentum);
 }
 

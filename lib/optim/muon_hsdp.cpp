@@ -141,7 +141,7 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
 
 void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                              const MomentumWriter& write_momentum) {
-  check_in_group(assignment.group, params, "update_assignment");
+  check_update_call(assignment.group, params, "update_assignment");
   const std::unordered_set<const Param*> in_assignment(assignment.params.begin(), assignment.params.end());
   for (const Param* p : params)
     SWAPOPT_CHECK(in_assignment.count(p) == 1,

@@ -191,23 +191,26 @@ void Optimizer::check_params_with_grad() const {
                     "[" << name_ << "] parameter '" << (p ? p->name : std::string("null"))
                         << "' was put into param_groups() directly: add params with add_param_group()");
       const ParamRecord& record = records_[index++];
-      if (!p->has_grad()) continue;
-      // Built only for a message: a step checks every param.
-      const auto param = [&] { return "[" + name_ + "] parameter '" + p->name + "'"; };
-      const Tensor& d = p->data;
-      SWAPOPT_CHECK(d.defined() && !d.is_released(), param() << " has no data (undefined or released)");
-      check_layout(*p, record);
-      SWAPOPT_CHECK(d.device() == device(),
-                    param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
-      SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
-      const Tensor& g = p->grad;
-      const auto grad = [&] { return "[" + name_ + "] grad of '" + p->name + "'"; };
-      SWAPOPT_CHECK(!g.is_released(), grad() << " is released");
-      SWAPOPT_CHECK(g.device() == device(),
-                    grad() << " is on " << g.device().str() << ", the optimizer on " << device().str());
-      SWAPOPT_CHECK(g.shape() == d.shape(), grad() << " is " << g.str() << ", the param " << d.str());
-      SWAPOPT_CHECK(g.is_contiguous(), grad() << " must be contiguous, got strides " << shape_str(g.strides()));
+      if (p->has_grad()) check_param_with_grad(*p, record);
     }
+}
+
+void Optimizer::check_param_with_grad(const Param& p, const ParamRecord& record) const {
+  // Built only for a message: a step checks every param.
+  const auto param = [&] { return "[" + name_ + "] parameter '" + p.name + "'"; };
+  const Tensor& d = p.data;
+  SWAPOPT_CHECK(d.defined() && !d.is_released(), param() << " has no data (undefined or released)");
+  check_layout(p, record);
+  SWAPOPT_CHECK(d.device() == device(),
+                param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
+  SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
+  const Tensor& g = p.grad;
+  const auto grad = [&] { return "[" + name_ + "] grad of '" + p.name + "'"; };
+  SWAPOPT_CHECK(!g.is_released(), grad() << " is released");
+  SWAPOPT_CHECK(g.device() == device(),
+                grad() << " is on " << g.device().str() << ", the optimizer on " << device().str());
+  SWAPOPT_CHECK(g.shape() == d.shape(), grad() << " is " << g.str() << ", the param " << d.str());
+  SWAPOPT_CHECK(g.is_contiguous(), grad() << " must be contiguous, got strides " << shape_str(g.strides()));
 }
 
 void Optimizer::check_layout(const Param& p, const ParamRecord& record) const {
@@ -230,6 +233,19 @@ void Optimizer::check_in_group(size_t group, std::span<const Param* const> param
     const size_t in = records_[size_t(it->second)].group;
     SWAPOPT_CHECK(in == group, "[" << name_ << "] " << call << ": parameter '" << p->name << "' is in group " << in
                                    << ", not group " << group);
+  }
+}
+
+void Optimizer::check_update_call(size_t group, std::span<const Param* const> params, const char* call) const {
+  SWAPOPT_CHECK(!wrapped_ || in_swapped_step_,
+                "[" << name_ << "] " << call
+                    << "() on an optimizer wrapped by a SwapOptimizer, outside its step: the "
+                       "state lives in the wrapper's host mirrors, and the wrapper's step() "
+                       "updates the params");
+  check_in_group(group, params, call);
+  for (const Param* p : params) {
+    SWAPOPT_CHECK(p->has_grad(), "[" << name_ << "] " << call << ": parameter '" << p->name << "' has no grad");
+    check_param_with_grad(*p, records_[size_t(param_indices_.at(p))]);
   }
 }
 
@@ -358,7 +374,7 @@ namespace {
  *  listing them. */
 void check_param_names(const std::vector<std::string>& ours, const std::vector<std::string>& theirs) {
   if (ours == theirs) return;
-  // Each index whose name differs, as "index: 'checkpoint' here 'optimizer'", the first few.
+  // Each index whose name differs, the first few.
   std::ostringstream diff;
   size_t shown = 0, differing = 0;
   for (size_t i = 0; i < std::max(ours.size(), theirs.size()); ++i) {
@@ -366,7 +382,7 @@ void check_param_names(const std::vector<std::string>& ours, const std::vector<s
     const std::string b = i < ours.size() ? "'" + ours[i] + "'" : "(none)";
     if (a == b) continue;
     ++differing;
-    if (shown++ < 8) diff << (shown > 1 ? "; " : "") << i << ": " << a << " here " << b;
+    if (shown++ < 8) diff << (shown > 1 ? "; " : "") << i << ": " << a << " in the checkpoint, " << b << " here";
   }
   if (differing > shown) diff << "; and " << (differing - shown) << " more";
   SWAPOPT_FAIL("[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "

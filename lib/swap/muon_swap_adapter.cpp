@@ -92,7 +92,7 @@ void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_s
       SWAPOPT_CHECK(i < inputs.size(), "[swap] a chunk of '" << chunk.param->name << "', which is not in its unit");
       const Tensor& input = inputs[i];
       const auto staged = chunk.staged.find("momentum_buffer");
-      muon_.momentum_chunk(unit.group, *chunk.param, chunk.begin, chunk.end,
+      muon_.chunk_momentum(unit.group, *chunk.param, chunk.begin, chunk.end,
                            staged != chunk.staged.end() ? staged->second : Tensor(),
                            input.view({input.numel()}).narrow(0, chunk.begin, chunk.end - chunk.begin));
     });

@@ -73,6 +73,7 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_step() {
 
 SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
   PlannedStep plan;
+  stamp(plan);
   plan.skip = optimizer().skip_this_step();
   if (plan.skip) return plan;
   if (!runtime_.config().device_budget_bytes) {
@@ -103,12 +104,21 @@ std::string SwapOptimizer::budget_elsewhere() const {
 }
 
 void SwapOptimizer::run_step(PlannedStep& plan) {
+  SWAPOPT_CHECK(plan.id != 0 && plan.id == plans_made_ && plan.id != plan_run_,
+                "[swap] run_step() takes the plan the last plan_step() made, once: plan the step again");
+  plan_run_ = plan.id;
   optimizer().last_step_skipped_ = plan.skip;
   if (plan.skip) {
     runtime_.record_skipped_step();
     optimizer().record_step_events();
     return;
   }
+  // The adapter's calls of the optimizer's update pieces are the wrapper's own while it runs.
+  struct InStep {
+    Optimizer& optimizer;
+    explicit InStep(Optimizer& o) : optimizer(o) { optimizer.set_in_swapped_step(true); }
+    ~InStep() { optimizer.set_in_swapped_step(false); }
+  } in_step(optimizer());
   adapter_->begin_step();
   try {
     runtime_.run(plan.units, plan.batch_sizes, *adapter_);

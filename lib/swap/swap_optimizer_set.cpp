@@ -74,7 +74,10 @@ void SwapOptimizerSet::step() {
   // fails the step on all.
   std::vector<SwapOptimizer::PlannedStep> plans(members_.size());
   const bool skip = Optimizer::skip_together(optimizers);
-  for (SwapOptimizer::PlannedStep& plan : plans) plan.skip = skip;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    plans[i].skip = skip;
+    members_[i].second->stamp(plans[i]);
+  }
   if (!skip) {
     const auto plan_all = [&] {
       for (size_t i = 0; i < members_.size(); ++i) members_[i].second->plan_units(plans[i]);
@@ -204,12 +207,19 @@ void SwapOptimizerSet::load_from(const CheckpointReader& checkpoint) {
 }
 
 SwapOptimizer& SwapOptimizerSet::member(const std::string& name) {
-  for (Member& m : members_)
+  std::vector<std::string> names;
+  for (Member& m : members_) {
     if (m.first == name) return *m.second;
-  SWAPOPT_FAIL("[swap] no member '" << name << "' in the set");
+    names.push_back(m.first);
+  }
+  SWAPOPT_FAIL("[swap] no member '" << name << "' in the set (its members: " << comma_list(names) << ")");
 }
 
 std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config) {
+  // Both halves checked before either is wrapped: wrapping fixes a half's param layouts for good.
+  for (const Optimizer* half :
+       {static_cast<const Optimizer*>(&opt.muon()), static_cast<const Optimizer*>(&opt.adamw())})
+    SWAPOPT_CHECK(!half->wrapped(), "[swap] " << half->name() << " is already wrapped by a SwapOptimizer");
   SwapConfig muon_config = config, adamw_config = config;
   if (config.state_keys) {
     // Each half swaps the listed keys of its own family; a half none are listed for swaps nothing.

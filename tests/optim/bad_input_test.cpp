@@ -392,10 +392,10 @@ TEST_SUITE("bad input") {
     Param* const null_param[] = {nullptr};
     CHECK(unchanged([&] { adamw.update_params(0, null_param); }) == "[AdamW] update_params: null parameter");
     CHECK(unchanged([&] { adamw.update_param(0, *foreign); }) ==
-          "[AdamW] update_params: parameter 'foreign' is not in this optimizer");
+          "[AdamW] update_param: parameter 'foreign' is not in this optimizer");
     CHECK(unchanged([&] { adamw.update_param(1, *a); }) ==
-          "[AdamW] update_params: parameter 'a' is in group 0, not group 1");
-    CHECK(unchanged([&] { adamw.update_param(2, *a); }) == "[AdamW] update_params: no group 2 (2 groups)");
+          "[AdamW] update_param: parameter 'a' is in group 0, not group 1");
+    CHECK(unchanged([&] { adamw.update_param(2, *a); }) == "[AdamW] update_param: no group 2 (2 groups)");
     CHECK(unchanged([&] { adamw.update_param_chunk(1, *a, 0, 4, {}); }) ==
           "[AdamW] update_param_chunk: parameter 'a' is in group 0, not group 1");
     const Tensor out = Tensor::zeros({16}, DType::f32, Device::cpu());
@@ -429,6 +429,118 @@ TEST_SUITE("bad input") {
     muon.synchronize();
     CHECK(adamw.state().count(b.get()) == 1);
     CHECK(muon.state().count(m1.get()) == 1);
+  }
+
+  TEST_CASE(
+      "the update pieces check grads, outputs and staged state before anything changes, and are refused on a "
+      "wrapped optimizer outside its step") {
+    Stream stream(Device::cpu());
+    const auto param = [](const std::string& name, uint32_t seed) {
+      ParamPtr p = make_param(name, test::random_tensor({4, 6}, DType::f32, seed));
+      p->grad = test::random_tensor({4, 6}, DType::f32, seed + 10);
+      return p;
+    };
+    // Each piece runs once first, so that the refusals below meet params with state and without.
+    ParamPtr a = param("a", 1), a2 = param("a2", 2), m = param("m", 3), m2 = param("m2", 4);
+    AdamW adamw(stream);
+    adamw.add_param_group({a, a2});
+    Muon muon(stream);
+    muon.add_param_group({m, m2});
+    adamw.update_param(0, *a);
+    muon.update_params(0, {m.get()});
+    muon.synchronize();
+    std::unique_ptr<SwapOptimizer> swapped_adamw, swapped_muon;  // set while wrapped
+    const auto state = [&] {
+      return serialize_state_dict(swapped_adamw ? swapped_adamw->state_dict() : adamw.state_dict()) +
+             serialize_state_dict(swapped_muon ? swapped_muon->state_dict() : muon.state_dict());
+    };
+    const auto unchanged = [&](const std::function<void()>& call) {
+      const std::string before = state();
+      const std::vector<Tensor> data = {a->data.clone(), a2->data.clone(), m->data.clone(), m2->data.clone()};
+      const std::string error = error_of(call);
+      muon.synchronize();
+      CHECK(state() == before);
+      CHECK(test::same_bits(a->data, data[0]));
+      CHECK(test::same_bits(a2->data, data[1]));
+      CHECK(test::same_bits(m->data, data[2]));
+      CHECK(test::same_bits(m2->data, data[3]));
+      return error;
+    };
+    const Tensor out = Tensor::zeros({24}, DType::f32, Device::cpu());
+    const Tensor strided = Tensor::zeros({6, 4}, DType::f32, Device::cpu()).transpose(0, 1);
+    for (ParamPtr* p : {&a, &a2, &m, &m2}) {  // with state (a, m) and without (a2, m2)
+      const Tensor grad = (*p)->grad;
+      (*p)->grad = strided;
+      const std::string bad_grad = "] grad of '" + (*p)->name + "' must be contiguous, got strides [1, 4]";
+      if (p == &a || p == &a2) {
+        CHECK(unchanged([&] { adamw.update_param(0, **p); }) == "[AdamW" + bad_grad);
+        CHECK(unchanged([&] { adamw.update_params(0, std::vector<Param*>{p->get()}); }) == "[AdamW" + bad_grad);
+        CHECK(unchanged([&] { adamw.update_param_chunk(0, **p, 0, 8, {}); }) == "[AdamW" + bad_grad);
+      } else {
+        CHECK(unchanged([&] { muon.update_params(0, {p->get()}); }) == "[Muon" + bad_grad);
+        CHECK(unchanged([&] { muon.update_momentum(0, {p->get()}); }) == "[Muon" + bad_grad);
+        CHECK(unchanged([&] { muon.momentum_into(0, {p->get()}, {out}); }) == "[Muon" + bad_grad);
+        CHECK(unchanged([&] { muon.momentum_chunk(0, **p, 0, 8, Tensor(), out.narrow(0, 0, 8)); }) ==
+              "[Muon" + bad_grad);
+      }
+      (*p)->grad = grad;
+    }
+    // Outputs and staged state the caller passes.
+    CHECK(unchanged([&] {
+            muon.momentum_into(0, {m2.get()}, {Tensor::zeros({4, 6}, DType::f32, Device::cpu()).transpose(0, 1)});
+          }) == "[Muon] momentum_into's output 0 is Tensor(f32, [6, 4], cpu): it must be contiguous, on cpu");
+    CHECK(unchanged([&] { muon.momentum_chunk(0, *m2, 0, 8, Tensor(), strided.narrow(1, 0, 2)); }) ==
+          "[Muon] momentum_chunk's output is Tensor(f32, [4, 2], cpu): it must be contiguous, on cpu");
+    for (const Tensor& staged :
+         {Tensor::zeros({7}, DType::f32, Device::cpu()), Tensor::zeros({8}, DType::bf16, Device::cpu()),
+          Tensor::zeros({2, 4}, DType::f32, Device::cpu())})
+      CHECK(unchanged([&] { muon.momentum_chunk(0, *m2, 0, 8, staged, out.narrow(0, 0, 8)); }) ==
+            "[Muon] momentum_chunk's staged buffer is " + staged.str() + ", the chunk needs f32 [8]");
+    for (const Tensor& staged :
+         {Tensor::zeros({7}, DType::f32, Device::cpu()), Tensor::zeros({8}, DType::bf16, Device::cpu()),
+          Tensor::zeros({16}, DType::f32, Device::cpu()).narrow(0, 0, 8).view({8})})
+      for (const std::string key : {"exp_avg", "exp_avg_sq"}) {
+        if (staged.dtype() == DType::f32 && staged.numel() == 8) continue;  // the good one
+        CHECK(unchanged([&] {
+                adamw.update_param_chunk(0, *a2, 0, 8, {{key, staged}});
+              }) == "[AdamW] update_param_chunk: staged '" + key + "' is " + staged.str() +
+                        ", the chunk needs a contiguous f32 [8] on cpu");
+      }
+    CHECK(unchanged([&] {
+            adamw.update_param_chunk(0, *a2, 0, 8, {{"max_exp_avg_sq", Tensor::zeros({8}, DType::f32, Device::cpu())}});
+          }) ==
+          "[AdamW] update_param_chunk: staged state 'max_exp_avg_sq' is not a state key of group 0 (exp_avg, "
+          "exp_avg_sq)");
+
+    // Wrapped: the state is in the wrapper's mirrors, so no piece may run outside the wrapper's step.
+    {
+      swapped_adamw = swap_adamw(adamw, {.min_numel = 1});
+      swapped_muon = swap_muon(muon, {.min_numel = 1});
+      const std::string outside =
+          "() on an optimizer wrapped by a SwapOptimizer, outside its step: the state lives in the wrapper's host "
+          "mirrors, and the wrapper's step() updates the params";
+      for (ParamPtr* p : {&a, &a2}) {
+        CHECK(unchanged([&] { adamw.update_param(0, **p); }) == "[AdamW] update_param" + outside);
+        CHECK(unchanged([&] { adamw.update_params(0, std::vector<Param*>{p->get()}); }) ==
+              "[AdamW] update_params" + outside);
+        CHECK(unchanged([&] { adamw.update_param_chunk(0, **p, 0, 8, {}); }) == "[AdamW] update_param_chunk" + outside);
+      }
+      for (ParamPtr* p : {&m, &m2}) {
+        CHECK(unchanged([&] { muon.update_params(0, {p->get()}); }) == "[Muon] update_params" + outside);
+        CHECK(unchanged([&] { muon.update_momentum(0, {p->get()}); }) == "[Muon] update_momentum" + outside);
+        CHECK(unchanged([&] { muon.momentum_into(0, {p->get()}, {out}); }) == "[Muon] momentum_into" + outside);
+        CHECK(unchanged([&] { muon.momentum_chunk(0, **p, 0, 8, Tensor(), out.narrow(0, 0, 8)); }) ==
+              "[Muon] momentum_chunk" + outside);
+      }
+      swapped_adamw.reset();
+      swapped_muon.reset();
+    }
+    // The good calls still work, unwrapped again.
+    adamw.update_param_chunk(0, *a2, 0, 24, {});
+    muon.update_params(0, {m2.get()});
+    muon.synchronize();
+    CHECK(adamw.state().at(a2.get()).step == 1);
+    CHECK(muon.state().at(m2.get()).step == 1);
   }
 
   TEST_CASE("MuonWithAdamW: a bad AdamW grad stops Muon's half too") {
@@ -1121,6 +1233,58 @@ TEST_SUITE("bad input") {
     CHECK(error_of([&] { opt.step(); }) ==
           "[AdamW] step() on an optimizer wrapped by a SwapOptimizer: call the wrapper's step() (the state lives in its host mirrors)");
     CHECK(snapshot(opt.muon(), params, nullptr) == before);
+  }
+
+  TEST_CASE("run_step takes the latest plan once: an older plan, a plan run already or a default one change nothing") {
+    std::vector<ParamPtr> bare_params = test::muon_adamw_model(), swap_params = test::muon_adamw_model();
+    AdamW bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+    bare.add_param_group(bare_params);
+    inner.add_param_group(swap_params);
+    auto swapped = swap_adamw(inner, {.min_numel = 1});
+    set_grads(bare_params, 1);
+    set_grads(swap_params, 1);
+    const std::string want = "[swap] run_step() takes the plan the last plan_step() made, once: plan the step again";
+    SwapOptimizer::PlannedStep older = swapped->plan_step();
+    SwapOptimizer::PlannedStep latest = swapped->plan_step();
+    SwapOptimizer::PlannedStep none;
+    CHECK(error_of([&] { swapped->run_step(older); }) == want);
+    CHECK(error_of([&] { swapped->run_step(none); }) == want);
+    swapped->run_step(latest);
+    CHECK(error_of([&] { swapped->run_step(latest); }) == want);
+    bare.step();
+    bare.synchronize();
+    swapped->synchronize();
+    for (size_t i = 0; i < bare_params.size(); ++i) CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
+    CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+  }
+
+  TEST_CASE("swap_muon_with_adamw with one half wrapped already wraps neither: the other half's layouts stay free") {
+    for (bool adamw_wrapped : {true, false}) {
+      CAPTURE(adamw_wrapped);
+      std::vector<ParamPtr> params = test::muon_adamw_model();
+      MuonWithAdamW opt(Stream(Device::cpu()), params);
+      std::unique_ptr<SwapOptimizer> half = adamw_wrapped ? swap_adamw(opt.adamw()) : swap_muon(opt.muon());
+      CHECK(error_of([&] { swap_muon_with_adamw(opt); }) ==
+            std::string("[swap] ") + (adamw_wrapped ? "AdamW" : "Muon") + " is already wrapped by a SwapOptimizer");
+      Optimizer& other = adamw_wrapped ? static_cast<Optimizer&>(opt.muon()) : static_cast<Optimizer&>(opt.adamw());
+      CHECK(!other.wrapped());
+      // Never wrapped and never stepped, its params may still change dtype (a wrap fixes layouts).
+      Stream cast_stream(Device::cpu());
+      for (const ParamGroup& group : other.param_groups())
+        for (const ParamPtr& p : group.params) {
+          Tensor bf16 = Tensor::empty(p->data.shape(), DType::bf16, Device::cpu());
+          ops::cast(cast_stream, p->data, bf16);
+          p->data = bf16;
+          p->grad = Tensor::zeros(p->data.shape(), DType::f32, Device::cpu());
+        }
+      cast_stream.synchronize();
+      other.step();
+      other.synchronize();
+      CHECK(!other.state().empty());
+      half.reset();  // with neither half wrapped, the set is built
+      auto set = swap_muon_with_adamw(opt);
+      CHECK(error_of([&] { set->member("sgd"); }) == "[swap] no member 'sgd' in the set (its members: muon, adamw)");
+    }
   }
 
   TEST_CASE("dropping the wrapper hands the state back: the optimizer goes on bare, bitwise the never-wrapped run") {

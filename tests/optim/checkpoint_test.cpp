@@ -255,7 +255,7 @@ TEST_CASE("checkpoints carry param names: a reordered or renamed model is a name
   const std::string before = serialize_state_dict(reordered.state_dict());
   CHECK(test::error_of([&] { reordered.load_state_dict(saved); }) ==
         "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
-        "0: 'blocks.0.w' here 'blocks.1.w'; 1: 'blocks.1.w' here 'blocks.0.w'");
+        "0: 'blocks.0.w' in the checkpoint, 'blocks.1.w' here; 1: 'blocks.1.w' in the checkpoint, 'blocks.0.w' here");
   CHECK(serialize_state_dict(reordered.state_dict()) == before);
 
   auto renamed_params = blocks(false, "blocks.2.mlp.w");
@@ -263,7 +263,7 @@ TEST_CASE("checkpoints carry param names: a reordered or renamed model is a name
   renamed.add_param_group(renamed_params);
   CHECK(test::error_of([&] { renamed.load_state_dict(saved); }) ==
         "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
-        "2: 'blocks.2.w' here 'blocks.2.mlp.w'");
+        "2: 'blocks.2.w' in the checkpoint, 'blocks.2.mlp.w' here");
 
   auto fewer_params = blocks(false, "");
   fewer_params.pop_back();
@@ -271,7 +271,7 @@ TEST_CASE("checkpoints carry param names: a reordered or renamed model is a name
   fewer.add_param_group(fewer_params);
   CHECK(test::error_of([&] { fewer.load_state_dict(saved); }) ==
         "[checkpoint] its params are not this optimizer's (renamed, reordered, added or removed), by index: "
-        "2: 'blocks.2.w' here (none)");
+        "2: 'blocks.2.w' in the checkpoint, (none) here");
 }
 
 TEST_CASE("a checkpoint without param names (swapopt 0.2) still loads, by index") {

@@ -65,7 +65,9 @@ class AdamW : public Optimizer {
   std::vector<std::string> group_state_keys(size_t group) const override;
   void validate_options() const override;
 
-  /** One parameter's update (state created as zeros if missing; its step += 1). */
+  /** One parameter's update (state created as zeros if missing; its step += 1). This and the two
+   *  below check the params as a step does first, so bad input changes nothing, and are refused
+   *  while a SwapOptimizer wraps the optimizer (its state is in the wrapper's host mirrors). */
   void update_param(size_t group, Param& param);
   /** update_param on each of `params` (all of `group`), as one fused op on the stream
    *  (ops::adamw_update_many): many small params share the CPU threads. Grads are checked (present,
@@ -92,6 +94,9 @@ class AdamW : public Optimizer {
   void check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const;
   /** update_params() after its checks (a step's own calls, bare or swapped: its checks covered them). */
   void apply_updates(size_t group, std::span<Param* const> params);
+  /** update_param_chunk() after its checks (the swap adapter's chunks: the step's checks covered them). */
+  void apply_update_chunk(size_t group, Param& param, int64_t begin, int64_t end,
+                          const std::map<std::string, Tensor>& staged);
 
   std::vector<AdamWOptions> options_;
 };

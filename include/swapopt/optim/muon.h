@@ -182,7 +182,10 @@ class Muon : public Optimizer {
   void abandon_hsdp_step(AsyncReplicateBroadcaster& broadcaster) noexcept;
 
   /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe
-   *  batch; with `write_momentum`, as update_assignment says. */
+   *  batch; with `write_momentum`, as update_assignment says. This and the other pieces that
+   *  update momentum (update_assignment, update_momentum, momentum_chunk, momentum_into) check
+   *  the params as a step does first, so bad input changes nothing, and are refused while a
+   *  SwapOptimizer wraps the optimizer (its state is in the wrapper's host mirrors). */
   void update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum = {});
 
   // The schedule, in the pieces the swap adapter replays (same functions, same order).
@@ -263,6 +266,8 @@ class Muon : public Optimizer {
   /** An uninitialised stacked NS input of `params`, in the group's NS dtype, on the step's stream. */
   Tensor new_ns_input(size_t group, const std::vector<Param*>& params);
   Tensor stacked_momentum(size_t group, const std::vector<Param*>& params);
+  void chunk_momentum(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
+                      const Tensor& out_input);
   void fill_momentum(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);
   void orthogonalize_and_apply(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);
   void update_local(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum);

@@ -159,6 +159,10 @@ class Optimizer {
   void set_wrapped(bool wrapped);
   /** Throws "[Muon] step() on an optimizer wrapped by a SwapOptimizer: ..." when wrapped. */
   void check_unwrapped(const std::string& call) const;
+  /** Set by SwapOptimizer while its step runs its adapter: the update pieces that change state
+   *  (AdamW::update_params, Muon::update_params and the like) are refused on a wrapped optimizer,
+   *  except as the adapter's calls inside the wrapper's step, where the state is on the device. */
+  void set_in_swapped_step(bool in_step) { in_swapped_step_ = in_step; }
 
   /** Whether this rank keeps state for `param` (HSDP Muon: owners only); loading a checkpoint
    *  checks the state of the others and skips it. */
@@ -251,6 +255,11 @@ class Optimizer {
   /** For the update pieces the swap adapters call (public, so checked): throws unless `group` is
    *  one of this optimizer's groups and every one of `params` is a param of it, naming `call`. */
   void check_in_group(size_t group, std::span<const Param* const> params, const char* call) const;
+  /** For the public update pieces that change state (Muon's momentum, AdamW's update): refused on
+   *  a wrapped optimizer (its state lives in the wrapper's host mirrors), then check_in_group(),
+   *  then every param's data and grad as a step checks them, so that bad input throws before
+   *  anything changes. */
+  void check_update_call(size_t group, std::span<const Param* const> params, const char* call) const;
   /** Fixes `param`'s shape and dtype, as its data has them now, unless fixed already. */
   void fix_layout(const Param& param);
   /** The state tensor `key` of `param`, created as zeros when missing (fixing its layout). */
@@ -268,6 +277,7 @@ class Optimizer {
   std::map<const Param*, ParamState> state_;
   /** Whether a SwapOptimizer wraps this optimizer (wrapped(), set_wrapped()). */
   bool wrapped_ = false;
+  bool in_swapped_step_ = false;  // set_in_swapped_step()
   /** The schedule set_schedule() gave; empty: none. apply_schedule() calls it. */
   std::function<void(int64_t)> schedule_;
   /** set_skip_nonfinite()'s flag. */
@@ -306,6 +316,8 @@ class Optimizer {
   /** Throws unless `param`'s data has the shape and dtype fixed in `record`, or, not fixed yet,
    *  passes check_unfixed_shape(). */
   void check_layout(const Param& param, const ParamRecord& record) const;
+  /** check_params_with_grad() for one param with a grad. */
+  void check_param_with_grad(const Param& param, const ParamRecord& record) const;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */

@@ -2,6 +2,7 @@
 /** An optimizer whose state lives in pinned host memory between steps, with steps bitwise equal to
  *  the bare optimizer's. */
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -106,11 +107,14 @@ class SwapOptimizer {
     /** Skipped whole for a non-finite grad (Optimizer::set_skip_nonfinite); a set of optimizers
      *  skips every member when one does. */
     bool skip = false;
+    /** Which plan_step() made it: run_step() takes only the latest plan, once. */
+    uint64_t id = 0;
   };
   /** The optimizer's check_step(), the units, their slots and the batches (budget checked);
    *  changes nothing. */
   PlannedStep plan_step();
-  /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). */
+  /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). An older
+   *  plan, or one run already, is a named error that changes nothing. */
   void run_step(PlannedStep& plan);
  private:
   friend class SwapOptimizerSet;
@@ -131,6 +135,10 @@ class SwapOptimizer {
   void plan_units(PlannedStep& plan);
   /** What the other ranks throw when this rank's plan does not fit device_budget_bytes. */
   std::string budget_elsewhere() const;
+  /** Makes `plan` the latest, the one run_step() takes. */
+  void stamp(PlannedStep& plan) { plan.id = ++plans_made_; }
+  uint64_t plans_made_ = 0;          // plans stamped so far
+  uint64_t plan_run_ = 0;            // the id of the plan run_step() took last
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 
   std::unique_ptr<StateSwapAdapter> adapter_;
