@@ -11,7 +11,10 @@
 //   swapopt-bench scale     AdamW over 100..50000 small params: swapped vs bare step, state_dict
 //                           and load_state_dict time per param (what grows with the param count);
 //                           with --budget BYTES the swapped optimizer plans under that device budget,
-//                           with --params N only that many params (scripts/host-instructions.sh)
+//                           with --params N only that many params (scripts/host-instructions.sh),
+//                           with --retain-arenas 1 the swapped step alone, its arenas kept across
+//                           steps (SwapConfig::retain_arenas; a process of its own, since what an
+//                           allocator keeps is process-wide)
 //   swapopt-bench pipeline  GB/s of pinned H2D alone, D2H alone and both at once on two streams
 //                           (as the swap pipeline copies), vs a device-to-device copy
 //   swapopt-bench checkpoint  peak process memory (the kernel's VmHWM) of saving and of loading
@@ -51,6 +54,7 @@ struct Options {
   bool dim_given = false;
   size_t budget = 0;  // scale: the swapped optimizer's device_budget_bytes (0: none)
   int64_t params = 0;  // scale: only this many params (0: 100 to 50000)
+  bool retain_arenas = false;  // scale: SwapConfig::retain_arenas, and no state-dict timings
 };
 
 /** Repeated measurements of one figure: the median and the spread (fastest, slowest). */
@@ -371,8 +375,11 @@ void run_adamw(const Options& o) {
 /** Many small params (1024-4096 elements each, as a MoE's expert vectors or a model's norms):
  *  the per-param costs of planning, slot lookup and state dicts, which should stay flat. */
 void run_scale(const Options& o) {
-  std::fprintf(stderr, "%8s %10s %10s %8s %14s %14s %14s\n", "params", "bare_ms", "swap_ms", "ratio", "sd_bare_us/p",
-               "sd_swap_us/p", "load_swap_us/p");
+  if (o.retain_arenas)
+    std::fprintf(stderr, "%8s %10s %10s %8s (retain_arenas)\n", "params", "bare_ms", "swap_ms", "ratio");
+  else
+    std::fprintf(stderr, "%8s %10s %10s %8s %14s %14s %14s\n", "params", "bare_ms", "swap_ms", "ratio", "sd_bare_us/p",
+                 "sd_swap_us/p", "load_swap_us/p");
   std::vector<int64_t> counts = {100, 1000, 5000, 20000, 50000};
   if (o.params > 0) counts = {o.params};
   for (int64_t n : counts) {
@@ -394,6 +401,7 @@ void run_scale(const Options& o) {
     inner.add_param_group(swap_params);
     SwapConfig config;
     if (o.budget > 0) config.device_budget_bytes = o.budget;
+    config.retain_arenas = o.retain_arenas;
     auto swapped = swap_adamw(inner, config);
     std::vector<double> bare_ms, swap_ms;
     // Steps of few params take a millisecond, where a thread descheduled for a moment on a busy
@@ -412,6 +420,14 @@ void run_scale(const Options& o) {
       swap_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
     const Spread b(bare_ms), s(swap_ms);
+    if (o.retain_arenas) {
+      std::printf(
+          "{\"bench\":\"scale\",\"device\":\"%s\",\"params\":%lld,\"retain_arenas\":true,%s,%s,\"ratio\":%.3f}\n",
+          o.device.str().c_str(), (long long)n, b.json("bare_ms").c_str(), s.json("swap_ms").c_str(),
+          s.median / b.median);
+      std::fprintf(stderr, "%8lld %10.2f %10.2f %8.3f\n", (long long)n, b.median, s.median, s.median / b.median);
+      continue;
+    }
     StateDict state;
     const double per_param = 1e3 / double(n);  // ms per run -> us per param
     const Spread sd_bare = time_ms(o.reps, [&] { state = bare.state_dict(); }, [] {});
@@ -673,7 +689,7 @@ void run_ops(const Options& o) {
 int main(int argc, char** argv) {
   const char* usage =
       "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint|ops [--device cpu|cuda] [--reps N] "
-      "[--dim D] [--budget BYTES (scale)] [--params N (scale)]\n";
+      "[--dim D] [--budget BYTES (scale)] [--params N (scale)] [--retain-arenas 0|1 (scale)]\n";
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf("%s", usage);
     return 0;
@@ -697,6 +713,8 @@ int main(int argc, char** argv) {
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
     else if (flag == "--budget") o.budget = size_t(std::max(0LL, std::atoll(value.c_str())));
     else if (flag == "--params") o.params = std::max(0LL, std::atoll(value.c_str()));
+    else if (flag == "--retain-arenas" && (value == "0" || value == "1"))
+      o.retain_arenas = value == "1";
     else if (flag == "--dim") {
       o.dim = std::max(16, std::atoi(value.c_str()));
       o.dim_given = true;

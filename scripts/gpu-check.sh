@@ -65,12 +65,14 @@ run() {
   # the machine go under gpu-results/docs/data/cuda (copy to docs/data/cuda here and
   # `python3 bench/report.py render --device cuda`).
   local bench
-  for bench in ns:60 momentum:30 adamw:40 pipeline:30 swap:60 step:40 scale:60 checkpoint:40 ops:30; do
+  for bench in ns:60 momentum:30 adamw:40 pipeline:30 swap:60 step:40 scale:60 scale_retain:40 checkpoint:40 ops:30; do
     if command -v python3 > /dev/null; then
       step "${bench#*:}" "bench-${bench%%:*}.txt" python3 bench/report.py run --build "$BUILD" --docs "$out/docs" --device cuda \
         --no-render --only "${bench%%:*}"
     else  # no Python on the device: the raw JSON lines at the default flags
-      step "${bench#*:}" "bench-${bench%%:*}.jsonl" "$BUILD/bench/swapopt-bench" "${bench%%:*}" --device cuda
+      local args=("${bench%%:*}")
+      [ "${args[0]}" = scale_retain ] && args=(scale --retain-arenas 1)
+      step "${bench#*:}" "bench-${bench%%:*}.jsonl" "$BUILD/bench/swapopt-bench" "${args[@]}" --device cuda
     fi
   done
   # compute-sanitizer where the device runs it (not under gVisor): memory errors over the CUDA
