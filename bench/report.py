@@ -268,6 +268,8 @@ def plot_scale(rows, kept, out, tmp, device):
                                         r["load_swap_us_per_param_lo"], r["load_swap_us_per_param_hi"],
                                         kept_ms[r["params"]] * 1e3 / r["params"] if r["params"] in kept_ms else "NaN"]
                                        for r in rows])
+    # The retain_arenas run only where it was measured (a GPU run before it existed has none).
+    retain_series = ", \\\n     '' using 1:10 with linespoints title 'swapped, retain_arenas' lc rgb '#6acc64' pt 5" if kept else ""
     gnuplot(HEADER.format(w=1100, h=440, out=out) + f"""
 set multiplot layout 1,2 title 'AdamW over many small params (1024-4096 elements) on {device}: cost per param'
 set xlabel 'params'
@@ -277,8 +279,7 @@ set yrange [0:*]
 set ylabel 'microseconds per param'
 set title 'step (median)'
 plot '{dat}' using 1:2 with linespoints title 'bare' lc rgb '#999999' pt 7, \\
-     '' using 1:3 with linespoints title 'swapped' lc rgb '#4878d0' pt 7, \\
-     '' using 1:10 with linespoints title 'swapped, retain_arenas' lc rgb '#6acc64' pt 5
+     '' using 1:3 with linespoints title 'swapped' lc rgb '#4878d0' pt 7{retain_series}
 set title 'checkpoint, swapped (bars: fastest-slowest run)'
 plot '{dat}' using 1:4:5:6 with yerrorlines title 'state_dict()' lc rgb '#4878d0' pt 7, \\
      '' using 1:7:8:9 with yerrorlines title 'load_state_dict()' lc rgb '#ee854a' pt 5
