@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "checkpoint_stream.h"
 #include "disjoint_params.h"
@@ -234,6 +235,12 @@ void Optimizer::check_in_group(size_t group, std::span<const Param* const> param
     SWAPOPT_CHECK(in == group, "[" << name_ << "] " << call << ": parameter '" << p->name << "' is in group " << in
                                    << ", not group " << group);
   }
+}
+
+void Optimizer::check_group_index(size_t group, size_t groups) const {
+  if (group >= groups)
+    throw std::out_of_range("[" + name_ + "] no group " + std::to_string(group) + " (" + std::to_string(groups) +
+                            (groups == 1 ? " group)" : " groups)"));
 }
 
 void Optimizer::check_update_call(size_t group, std::span<const Param* const> params, const char* call) const {

@@ -1235,6 +1235,20 @@ TEST_SUITE("bad input") {
     CHECK(snapshot(opt.muon(), params, nullptr) == before);
   }
 
+  TEST_CASE("indexed accessors throw std::out_of_range naming the optimizer and its groups") {
+    std::vector<ParamPtr> params = test::muon_adamw_model();
+    MuonWithAdamW opt(Stream(Device::cpu()), params);
+    REQUIRE(opt.adamw().param_groups().size() == 2);
+    REQUIRE(opt.muon().param_groups().size() == 1);
+    CHECK_THROWS_WITH_AS(opt.adamw().options(2), "[AdamW] no group 2 (2 groups)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.adamw().mutable_options(7), "[AdamW] no group 7 (2 groups)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.adamw().lr(2), "[AdamW] no group 2 (2 groups)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.muon().options(2), "[Muon] no group 2 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.muon().mutable_options(1), "[Muon] no group 1 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.muon().lr(1), "[Muon] no group 1 (1 group)", std::out_of_range);
+    CHECK(opt.muon().lr(0) == opt.muon().options(0).lr);
+  }
+
   TEST_CASE("run_step takes the latest plan once: an older plan, a plan run already or a default one change nothing") {
     std::vector<ParamPtr> bare_params = test::muon_adamw_model(), swap_params = test::muon_adamw_model();
     AdamW bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));

@@ -46,16 +46,16 @@ class AdamW : public Optimizer {
    *  device) and while a SwapOptimizer wraps it. */
   void add_param_group(std::vector<ParamPtr> params, AdamWOptions options = {});
   /** Group `group`'s options; throws std::out_of_range for a bad index. */
-  const AdamWOptions& options(size_t group) const { return options_.at(group); }
+  const AdamWOptions& options(size_t group) const { return group_entry(options_, group); }
   /** Group `group`'s options, to change in place: checked only by the next step() or checkpoint
    *  save, which throw for a bad value (set_options() checks at once). Throws std::out_of_range
    *  for a bad index. */
-  AdamWOptions& mutable_options(size_t group) { return options_.at(group); }
+  AdamWOptions& mutable_options(size_t group) { return group_entry(options_, group); }
   /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes).
    *  amsgrad decides which state a param keeps: once the group's params have state it cannot
    *  change (a named error, here or, after mutable_options(), at the next step or save). */
   void set_options(size_t group, const AdamWOptions& options);
-  double lr(size_t group) const override { return options_.at(group).lr; }
+  double lr(size_t group) const override { return group_entry(options_, group).lr; }
   void set_lr(double lr) override;
 
   /** exp_avg, exp_avg_sq and (amsgrad) max_exp_avg_sq, all f32. */

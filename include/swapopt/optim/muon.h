@@ -112,14 +112,14 @@ class Muon : public Optimizer {
    *  "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon". */
   void add_param_group(std::vector<ParamPtr> params, MuonOptions options = {});
   /** Group `group`'s options; throws std::out_of_range for a bad index. */
-  const MuonOptions& options(size_t group) const { return options_.at(group); }
+  const MuonOptions& options(size_t group) const { return group_entry(options_, group); }
   /** Group `group`'s options, to change in place: checked only by the next step() or checkpoint
    *  save, which throw for a bad value (set_options() checks at once). Throws std::out_of_range
    *  for a bad index. */
-  MuonOptions& mutable_options(size_t group) { return options_.at(group); }
+  MuonOptions& mutable_options(size_t group) { return group_entry(options_, group); }
   /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes). */
   void set_options(size_t group, const MuonOptions& options);
-  double lr(size_t group) const override { return options_.at(group).lr; }
+  double lr(size_t group) const override { return group_entry(options_, group).lr; }
   void set_lr(double lr) override;
   /** The hooks given at construction. */
   const MuonHooks& hooks() const { return hooks_; }

@@ -228,6 +228,19 @@ class Optimizer {
   void record_step_events();
   /** The options of group `group` as a JSON object. */
   virtual std::string group_options_json(size_t group) const = 0;
+  /** `per_group[group]` for the indexed accessors (options(), mutable_options(), lr()); a bad
+   *  index throws std::out_of_range "[AdamW] no group 5 (1 group)". */
+  template <class T>
+  T& group_entry(std::vector<T>& per_group, size_t group) const {
+    check_group_index(group, per_group.size());
+    return per_group[group];
+  }
+  template <class T>
+  const T& group_entry(const std::vector<T>& per_group, size_t group) const {
+    check_group_index(group, per_group.size());
+    return per_group[group];
+  }
+  void check_group_index(size_t group, size_t groups) const;
   /** What prepare_group_options found: the change that applies the options once the whole
    *  checkpoint is known to be good, and the state keys each group uses with them. */
   struct PreparedOptions {
