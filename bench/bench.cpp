@@ -706,20 +706,27 @@ int main(int argc, char** argv) {
     child_mode = argv[2];
     first_flag = 3;
   }
-  for (int i = first_flag; i + 1 < argc; i += 2) {
+  for (int i = first_flag; i < argc; i += 2) {
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "missing value for %s\n%s", argv[i], usage);
+      return 2;
+    }
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--path" && !child_mode.empty()) child_path = value;
     else if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
     else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
     else if (flag == "--budget") o.budget = size_t(std::max(0LL, std::atoll(value.c_str())));
     else if (flag == "--params") o.params = std::max(0LL, std::atoll(value.c_str()));
-    else if (flag == "--retain-arenas" && (value == "0" || value == "1"))
+    else if (flag == "--retain-arenas") {
+      if (value != "0" && value != "1") {
+        std::fprintf(stderr, "bad value '%s' for --retain-arenas (0 or 1)\n", value.c_str());
+        return 2;
+      }
       o.retain_arenas = value == "1";
-    else if (flag == "--dim") {
+    } else if (flag == "--dim") {
       o.dim = std::max(16, std::atoi(value.c_str()));
       o.dim_given = true;
-    }
-    else {
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }

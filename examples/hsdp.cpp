@@ -82,7 +82,9 @@ Config parse(int argc, char** argv) {
       continue;
     }
     if (flag == "--mesh") {
-      if (std::sscanf(value.c_str(), "%ldx%ld", &c.replicas, &c.shards) != 2) usage("--mesh takes RxS, e.g. 2x2");
+      int used = 0;
+      if (std::sscanf(value.c_str(), "%ldx%ld%n", &c.replicas, &c.shards, &used) != 2 || size_t(used) != value.size())
+        usage("--mesh takes RxS, e.g. 2x2");
       continue;
     }
     char* end = nullptr;
@@ -103,7 +105,8 @@ Config parse(int argc, char** argv) {
   }
   if (c.replicas < 1 || c.shards < 1) usage("--mesh takes RxS with R and S at least 1");
   if (given_every && c.checkpoint_dir.empty()) usage("--checkpoint-every needs --checkpoint-dir");
-  if (c.hidden % c.shards != 0 || c.output % c.shards != 0) usage("--hidden must be a multiple of the shard count");
+  if (c.hidden % c.shards != 0 || c.output % c.shards != 0)
+    usage("--hidden and the output width " + std::to_string(c.output) + " must be multiples of the shard count");
   return c;
 }
 

@@ -217,6 +217,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);      // the banner printed so far comes before the error, also in one log
     std::fprintf(stderr, "swapopt-train: %s\n", e.what());
     return 1;
+  } catch (const std::bad_alloc&) {  // sizes too large for this machine's memory
+    std::fflush(stdout);
+    std::fprintf(stderr, "swapopt-train: out of memory for --hidden %lld, --layers %lld, --batch %lld\n",
+                 (long long)c.hidden, (long long)c.layers, (long long)c.batch);
+    return 1;
   }
 }
 

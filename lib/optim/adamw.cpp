@@ -69,11 +69,6 @@ void AdamW::update_param(size_t group, Param& param) {
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
   check_update_call(group, params, "update_params");
-  // Updates in one op run concurrently: a param listed twice would race with itself.
-  std::vector<const Param*> listed(params.begin(), params.end());
-  std::sort(listed.begin(), listed.end(), std::less<>());
-  const auto twice = std::adjacent_find(listed.begin(), listed.end());
-  SWAPOPT_CHECK(twice == listed.end(), "[AdamW] param '" << (*twice)->name << "' is listed twice in one update");
   apply_updates(group, params);
 }
 
@@ -107,6 +102,11 @@ void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),
                 "[AdamW] chunk [" << begin << ", " << end << ") is outside '" << param.name << "' ("
                                   << param.data.numel() << " elements)");
+  const auto state = state_.find(&param);
+  SWAPOPT_CHECK(begin == 0 || (state != state_.end() && state->second.step > 0),
+                "[AdamW] update_param_chunk: chunk ["
+                    << begin << ", " << end << ") of '" << param.name
+                    << "' before its first update's chunk at 0 (that chunk counts the step)");
   const std::vector<std::string> keys = group_state_keys(group);
   for (const auto& [key, t] : staged) {
     SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),

@@ -156,6 +156,7 @@ std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vect
 
 Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
   check_update_call(group, params, "update_momentum");
+  check_local(params, "update_momentum");
   return stacked_momentum(group, params);
 }
 
@@ -179,10 +180,16 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
                           const Tensor& out_input) {
   const Param* const one[] = {&param};
   check_update_call(group, one, "momentum_chunk");
+  check_local(one, "momentum_chunk");
   SWAPOPT_CHECK(!hooks_.momentum_update_fn, "[Muon] momentum_update_fn sees whole tensors: it cannot run in chunks");
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel() && out_input.numel() == end - begin,
                 "[Muon] chunk [" << begin << ", " << end << ") of '" << param.name << "' (" << param.data.numel()
                                  << " elements) into " << out_input.str());
+  const auto state = state_.find(&param);
+  SWAPOPT_CHECK(begin == 0 || (state != state_.end() && state->second.step > 0),
+                "[Muon] momentum_chunk: chunk ["
+                    << begin << ", " << end << ") of '" << param.name
+                    << "' before its first update's chunk at 0 (that chunk counts the step)");
   check_operand(out_input, device(), "momentum_chunk's output");
   if (staged_buffer.defined()) {
     check_operand(staged_buffer, device(), "momentum_chunk's staged buffer");
@@ -207,6 +214,7 @@ void Muon::chunk_momentum(size_t group, const Param& param, int64_t begin, int64
 
 void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
   check_update_call(group, params, "momentum_into");
+  check_local(params, "momentum_into");
   for (size_t i = 0; i < out_inputs.size(); ++i)
     check_operand(out_inputs[i], device(), "momentum_into's output " + std::to_string(i));
   fill_momentum(group, params, out_inputs);
@@ -320,6 +328,7 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 
 void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
   check_update_call(group, params, "update_params");
+  check_local(params, "update_params");
   update_local(group, params, write_momentum);
 }
 

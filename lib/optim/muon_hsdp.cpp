@@ -20,6 +20,16 @@ bool is_shard(const Param& p) { return p.layout && p.data.shape() != p.logical_s
 
 }  // namespace
 
+void Muon::check_local(std::span<const Param* const> params, const char* call) const {
+  for (const Param* p : params) {
+    SWAPOPT_CHECK(!(hsdp_enabled() && p->layout), "[Muon] " << call << ": parameter '" << p->name
+                                                            << "' is laid out for HSDP: update_assignment updates it");
+    SWAPOPT_CHECK(!is_shard(*p), "[Muon] parameter '" << p->name << "' is a shard (" << shape_str(p->data.shape())
+                                                      << " of " << shape_str(p->logical_shape())
+                                                      << "): call enable_hsdp so its update sees the whole matrix");
+  }
+}
+
 std::vector<Param*> Muon::local_params(size_t group) const {
   std::vector<Param*> out;
   for (const ParamPtr& p : groups_.at(group).params) {

@@ -249,7 +249,14 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
                     << "() on an optimizer wrapped by a SwapOptimizer, outside its step: the "
                        "state lives in the wrapper's host mirrors, and the wrapper's step() "
                        "updates the params");
+  validate_options();
   check_in_group(group, params, call);
+  // A param listed twice would be updated twice (in one fused op, racing with itself).
+  std::vector<const Param*> listed(params.begin(), params.end());
+  std::sort(listed.begin(), listed.end(), std::less<>());
+  const auto twice = std::adjacent_find(listed.begin(), listed.end());
+  SWAPOPT_CHECK(twice == listed.end(),
+                "[" << name_ << "] " << call << ": parameter '" << (*twice)->name << "' is listed twice");
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[" << name_ << "] " << call << ": parameter '" << p->name << "' has no grad");
     check_param_with_grad(*p, records_[size_t(param_indices_.at(p))]);

@@ -1,6 +1,7 @@
 #include "swapopt/swap/swap_optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -103,8 +104,15 @@ std::string SwapOptimizer::budget_elsewhere() const {
   return message.str();
 }
 
+void SwapOptimizer::stamp(PlannedStep& plan) {
+  // Ids are unique in the process, so that no wrapper takes another's plan for its own.
+  static std::atomic<uint64_t> plans_made{0};
+  plan.id = ++plans_made;
+  latest_plan_ = plan.id;
+}
+
 void SwapOptimizer::run_step(PlannedStep& plan) {
-  SWAPOPT_CHECK(plan.id != 0 && plan.id == plans_made_ && plan.id != plan_run_,
+  SWAPOPT_CHECK(plan.id != 0 && plan.id == latest_plan_ && plan.id != plan_run_,
                 "[swap] run_step() takes the plan the last plan_step() made, once: plan the step again");
   plan_run_ = plan.id;
   optimizer().last_step_skipped_ = plan.skip;
@@ -116,8 +124,8 @@ void SwapOptimizer::run_step(PlannedStep& plan) {
   // The adapter's calls of the optimizer's update pieces are the wrapper's own while it runs.
   struct InStep {
     Optimizer& optimizer;
-    explicit InStep(Optimizer& o) : optimizer(o) { optimizer.set_in_swapped_step(true); }
-    ~InStep() { optimizer.set_in_swapped_step(false); }
+    explicit InStep(Optimizer& o) : optimizer(o) { optimizer.in_swapped_step_ = true; }
+    ~InStep() { optimizer.in_swapped_step_ = false; }
   } in_step(optimizer());
   adapter_->begin_step();
   try {

@@ -133,7 +133,7 @@ TEST_CASE("AdamW::update_params: one op over the list, bitwise the per-param upd
   const std::string before = serialize_state_dict(list.state_dict());
   const Tensor data_before = a[1]->data.clone();
   Param* twice[] = {a[0].get(), a[1].get(), a[1].get()};
-  CHECK_THROWS_WITH_AS(list.update_params(0, twice), "[AdamW] param 'p1' is listed twice in one update", Error);
+  CHECK_THROWS_WITH_AS(list.update_params(0, twice), "[AdamW] update_params: parameter 'p1' is listed twice", Error);
   s.synchronize();
   CHECK(serialize_state_dict(list.state_dict()) == before);
   CHECK(test::same_bits(a[1]->data, data_before));

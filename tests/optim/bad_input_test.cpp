@@ -512,6 +512,41 @@ TEST_SUITE("bad input") {
           "[AdamW] update_param_chunk: staged state 'max_exp_avg_sq' is not a state key of group 0 (exp_avg, "
           "exp_avg_sq)");
 
+    // A param listed twice, a chunk past 0 before the param's first update, options a step refuses.
+    CHECK(unchanged([&] {
+            muon.update_params(0, {m.get(), m.get()});
+          }) == "[Muon] update_params: parameter 'm' is listed twice");
+    CHECK(unchanged([&] {
+            muon.momentum_into(0, {m.get(), m.get()}, {out, out});
+          }) == "[Muon] momentum_into: parameter 'm' is listed twice");
+    CHECK(unchanged([&] { adamw.update_param_chunk(0, *a2, 8, 16, {}); }) ==
+          "[AdamW] update_param_chunk: chunk [8, 16) of 'a2' before its first update's chunk at 0 (that chunk counts "
+          "the step)");
+    CHECK(unchanged([&] { muon.momentum_chunk(0, *m2, 8, 16, Tensor(), out.narrow(0, 0, 8)); }) ==
+          "[Muon] momentum_chunk: chunk [8, 16) of 'm2' before its first update's chunk at 0 (that chunk counts the "
+          "step)");
+    // (the option is put back before the state is compared: state_dict() refuses bad options too)
+    const auto with_option = [](auto& option, auto bad, const std::function<void()>& call) {
+      return [&option, bad, call] {
+        const auto good = option;
+        option = bad;
+        try {
+          call();
+        } catch (...) {
+          option = good;
+          throw;
+        }
+        option = good;
+      };
+    };
+    CHECK(unchanged(with_option(muon.mutable_options(0).lr, std::nan(""), [&] {
+            muon.update_params(0, {m2.get()});
+          })) == "[Muon] group 0: lr must be finite and >= 0, got nan");
+    // 'a' has state from a step without amsgrad.
+    CHECK(unchanged(with_option(adamw.mutable_options(0).amsgrad, true, [&] {
+            adamw.update_param(0, *a2);
+          })).starts_with("[AdamW] group 0 cannot turn amsgrad on"));
+
     // Wrapped: the state is in the wrapper's mirrors, so no piece may run outside the wrapper's step.
     {
       swapped_adamw = swap_adamw(adamw, {.min_numel = 1});
@@ -1270,6 +1305,28 @@ TEST_SUITE("bad input") {
     swapped->synchronize();
     for (size_t i = 0; i < bare_params.size(); ++i) CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
     CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+  }
+
+  TEST_CASE("run_step refuses another wrapper's plan, changing nothing") {
+    std::vector<ParamPtr> first_params = test::muon_adamw_model(), second_params = test::muon_adamw_model();
+    AdamW first(Stream(Device::cpu())), second(Stream(Device::cpu()));
+    first.add_param_group(first_params);
+    second.add_param_group(second_params);
+    auto swapped_first = swap_adamw(first, {.min_numel = 1}), swapped_second = swap_adamw(second, {.min_numel = 1});
+    set_grads(first_params, 1);
+    set_grads(second_params, 1);
+    SwapOptimizer::PlannedStep plan = swapped_first->plan_step();
+    SwapOptimizer::PlannedStep own = swapped_second->plan_step();
+    const std::string before = serialize_state_dict(swapped_second->state_dict());
+    CHECK(error_of([&] { swapped_second->run_step(plan); }) ==
+          "[swap] run_step() takes the plan the last plan_step() made, once: plan the step again");
+    CHECK(serialize_state_dict(swapped_second->state_dict()) == before);
+    CHECK(second.param_groups()[0].step == 0);
+    swapped_second->run_step(own);
+    swapped_first->run_step(plan);
+    swapped_first->synchronize();
+    swapped_second->synchronize();
+    CHECK(serialize_state_dict(swapped_first->state_dict()) == serialize_state_dict(swapped_second->state_dict()));
   }
 
   TEST_CASE("swap_muon_with_adamw with one half wrapped already wraps neither: the other half's layouts stay free") {

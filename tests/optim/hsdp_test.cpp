@@ -244,4 +244,14 @@ TEST_CASE("HSDP errors are named") {
                        "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
                        Error);
   CHECK(unsharded.param_groups()[0].step == 0);  // nothing changed
+  // The same through the public update pieces, which must not create its momentum first.
+  CHECK_THROWS_WITH_AS(
+      unsharded.update_params(0, {shard.get()}),
+      "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
+      Error);
+  CHECK_THROWS_WITH_AS(
+      unsharded.update_momentum(0, {shard.get()}),
+      "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
+      Error);
+  CHECK(unsharded.state().empty());
 }

@@ -567,6 +567,12 @@ TEST_SUITE("swap") {
     c.state_keys = std::vector<std::string>{"momentum_buffer", "momentum_buffer"};
     CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state key 'momentum_buffer' is listed twice in state_keys", Error);
     c = {};
+    c.state_keys = std::vector<std::string>{"momentum_buffer", ""};
+    CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state_keys holds an empty key (entry 1)", Error);
+    std::vector<ParamPtr> both_params = test::muon_adamw_model();
+    MuonWithAdamW both(Stream(Device::cpu()), both_params);
+    CHECK_THROWS_WITH_AS(swap_muon_with_adamw(both, c), "[swap] state_keys holds an empty key (entry 1)", Error);
+    c = {};
     c.state_keys = std::vector<std::string>{"momentum_buffer", "exp_avg"};
     CHECK_THROWS_WITH_AS(swap_muon(*muon, c), "[swap] state keys [exp_avg] are not Muon state; Muon swaps only [momentum_buffer]",
                          Error);

@@ -273,6 +273,8 @@ class Muon : public Optimizer {
   void update_local(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum);
   void update_owned(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                     const MomentumWriter& write_momentum);
+  /** For the pieces that update params locally: none laid out for HSDP, none a shard. */
+  void check_local(std::span<const Param* const> params, const char* call) const;
   /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
   void wait_collectives(const std::vector<WorkPtr>& works);
 

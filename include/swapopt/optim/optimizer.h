@@ -159,10 +159,6 @@ class Optimizer {
   void set_wrapped(bool wrapped);
   /** Throws "[Muon] step() on an optimizer wrapped by a SwapOptimizer: ..." when wrapped. */
   void check_unwrapped(const std::string& call) const;
-  /** Set by SwapOptimizer while its step runs its adapter: the update pieces that change state
-   *  (AdamW::update_params, Muon::update_params and the like) are refused on a wrapped optimizer,
-   *  except as the adapter's calls inside the wrapper's step, where the state is on the device. */
-  void set_in_swapped_step(bool in_step) { in_swapped_step_ = in_step; }
 
   /** Whether this rank keeps state for `param` (HSDP Muon: owners only); loading a checkpoint
    *  checks the state of the others and skips it. */
@@ -269,9 +265,10 @@ class Optimizer {
    *  one of this optimizer's groups and every one of `params` is a param of it, naming `call`. */
   void check_in_group(size_t group, std::span<const Param* const> params, const char* call) const;
   /** For the public update pieces that change state (Muon's momentum, AdamW's update): refused on
-   *  a wrapped optimizer (its state lives in the wrapper's host mirrors), then check_in_group(),
-   *  then every param's data and grad as a step checks them, so that bad input throws before
-   *  anything changes. */
+   *  a wrapped optimizer (its state lives in the wrapper's host mirrors), then the options as a
+   *  step checks them (validate_options()), check_in_group(), each param listed once, and every
+   *  param's data and grad as a step checks them, so that bad input throws before anything
+   *  changes. */
   void check_update_call(size_t group, std::span<const Param* const> params, const char* call) const;
   /** Fixes `param`'s shape and dtype, as its data has them now, unless fixed already. */
   void fix_layout(const Param& param);
@@ -290,7 +287,10 @@ class Optimizer {
   std::map<const Param*, ParamState> state_;
   /** Whether a SwapOptimizer wraps this optimizer (wrapped(), set_wrapped()). */
   bool wrapped_ = false;
-  bool in_swapped_step_ = false;  // set_in_swapped_step()
+  /** Set by SwapOptimizer (a friend) while its step runs its adapter: the update pieces that
+   *  change state (AdamW::update_params, Muon::update_params and the like) are refused on a
+   *  wrapped optimizer, except as the adapter's calls inside the wrapper's step. */
+  bool in_swapped_step_ = false;
   /** The schedule set_schedule() gave; empty: none. apply_schedule() calls it. */
   std::function<void(int64_t)> schedule_;
   /** set_skip_nonfinite()'s flag. */

@@ -114,7 +114,8 @@ class SwapOptimizer {
    *  changes nothing. */
   PlannedStep plan_step();
   /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). An older
-   *  plan, or one run already, is a named error that changes nothing. */
+   *  plan, another wrapper's, or one run already, is a named error that changes nothing. The
+   *  params, grads and options must not change in between: the plan's checks are not rerun. */
   void run_step(PlannedStep& plan);
  private:
   friend class SwapOptimizerSet;
@@ -135,9 +136,9 @@ class SwapOptimizer {
   void plan_units(PlannedStep& plan);
   /** What the other ranks throw when this rank's plan does not fit device_budget_bytes. */
   std::string budget_elsewhere() const;
-  /** Makes `plan` the latest, the one run_step() takes. */
-  void stamp(PlannedStep& plan) { plan.id = ++plans_made_; }
-  uint64_t plans_made_ = 0;          // plans stamped so far
+  /** Makes `plan` this wrapper's latest, the one run_step() takes. */
+  void stamp(PlannedStep& plan);
+  uint64_t latest_plan_ = 0;         // the id of the plan stamped last
   uint64_t plan_run_ = 0;            // the id of the plan run_step() took last
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
 
