@@ -231,11 +231,13 @@ class Optimizer {
     check_group_index(group, per_group.size());
     return per_group[group];
   }
+  /** group_entry() of a const list. */
   template <class T>
   const T& group_entry(const std::vector<T>& per_group, size_t group) const {
     check_group_index(group, per_group.size());
     return per_group[group];
   }
+  /** Throws group_entry()'s std::out_of_range unless group < groups. */
   void check_group_index(size_t group, size_t groups) const;
   /** What prepare_group_options found: the change that applies the options once the whole
    *  checkpoint is known to be good, and the state keys each group uses with them. */
