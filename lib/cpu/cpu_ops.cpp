@@ -184,7 +184,8 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
  *  copies of a bandwidth-bound update wait for the bus. */
 void parallel_memcpy(char* d, const char* s, size_t nbytes) {
   constexpr size_t kPiece = size_t(256) << 10;
-  constexpr size_t kParallelBytes = size_t(4) << 20;  // smaller copies stay on one thread (not tuned)
+  // Smaller copies stay on one thread (not tuned); unused without OpenMP.
+  [[maybe_unused]] constexpr size_t kParallelBytes = size_t(4) << 20;
   const int64_t pieces = int64_t((nbytes + kPiece - 1) / kPiece);
 #pragma omp parallel for schedule(static) if (nbytes >= kParallelBytes)
   for (int64_t i = 0; i < pieces; ++i) {

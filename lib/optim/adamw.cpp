@@ -63,7 +63,7 @@ Tensor range_of(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.
 
 void AdamW::update_param(size_t group, Param& param) {
   Param* const one[] = {&param};
-  check_update_call(group, one, "update_param");
+  check_update_call(group, std::span<Param* const>(one), "update_param");
   apply_updates(group, one);
 }
 
