@@ -102,11 +102,7 @@ void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),
                 "[AdamW] chunk [" << begin << ", " << end << ") is outside '" << param.name << "' ("
                                   << param.data.numel() << " elements)");
-  const auto state = state_.find(&param);
-  SWAPOPT_CHECK(begin == 0 || (state != state_.end() && state->second.step > 0),
-                "[AdamW] update_param_chunk: chunk ["
-                    << begin << ", " << end << ") of '" << param.name
-                    << "' before its first update's chunk at 0 (that chunk counts the step)");
+  check_chunk_start(param, begin, end, "update_param_chunk");
   const std::vector<std::string> keys = group_state_keys(group);
   for (const auto& [key, t] : staged) {
     SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),

@@ -185,11 +185,7 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel() && out_input.numel() == end - begin,
                 "[Muon] chunk [" << begin << ", " << end << ") of '" << param.name << "' (" << param.data.numel()
                                  << " elements) into " << out_input.str());
-  const auto state = state_.find(&param);
-  SWAPOPT_CHECK(begin == 0 || (state != state_.end() && state->second.step > 0),
-                "[Muon] momentum_chunk: chunk ["
-                    << begin << ", " << end << ") of '" << param.name
-                    << "' before its first update's chunk at 0 (that chunk counts the step)");
+  check_chunk_start(param, begin, end, "momentum_chunk");
   check_operand(out_input, device(), "momentum_chunk's output");
   if (staged_buffer.defined()) {
     check_operand(staged_buffer, device(), "momentum_chunk's staged buffer");

@@ -18,15 +18,20 @@ std::atomic<int> hsdp_instances{0};
 
 bool is_shard(const Param& p) { return p.layout && p.data.shape() != p.logical_shape(); }
 
+/** A shard updated without HSDP would be orthogonalised on its own. */
+void check_not_shard(const Param& p) {
+  SWAPOPT_CHECK(!is_shard(p), "[Muon] parameter '" << p.name << "' is a shard (" << shape_str(p.data.shape()) << " of "
+                                                   << shape_str(p.logical_shape())
+                                                   << "): call enable_hsdp so its update sees the whole matrix");
+}
+
 }  // namespace
 
 void Muon::check_local(std::span<const Param* const> params, const char* call) const {
   for (const Param* p : params) {
     SWAPOPT_CHECK(!(hsdp_enabled() && p->layout), "[Muon] " << call << ": parameter '" << p->name
                                                             << "' is laid out for HSDP: update_assignment updates it");
-    SWAPOPT_CHECK(!is_shard(*p), "[Muon] parameter '" << p->name << "' is a shard (" << shape_str(p->data.shape())
-                                                      << " of " << shape_str(p->logical_shape())
-                                                      << "): call enable_hsdp so its update sees the whole matrix");
+    check_not_shard(*p);
   }
 }
 
@@ -34,9 +39,7 @@ std::vector<Param*> Muon::local_params(size_t group) const {
   std::vector<Param*> out;
   for (const ParamPtr& p : groups_.at(group).params) {
     if (hsdp_enabled() && p->layout) continue;
-    SWAPOPT_CHECK(!is_shard(*p), "[Muon] parameter '" << p->name << "' is a shard (" << shape_str(p->data.shape()) << " of "
-                                                      << shape_str(p->logical_shape())
-                                                      << "): call enable_hsdp so its update sees the whole matrix");
+    check_not_shard(*p);
     out.push_back(p.get());
   }
   return out;

@@ -263,6 +263,13 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
   }
 }
 
+void Optimizer::check_chunk_start(const Param& param, int64_t begin, int64_t end, const char* call) const {
+  const auto state = state_.find(&param);
+  SWAPOPT_CHECK(begin == 0 || (state != state_.end() && state->second.step > 0),
+                "[" << name_ << "] " << call << ": chunk [" << begin << ", " << end << ") of '" << param.name
+                    << "' before its first update's chunk at 0 (that chunk counts the step)");
+}
+
 void Optimizer::fix_layout(const Param& param) {
   ParamRecord& record = records_[size_t(param_index(&param))];
   if (record.fixed) return;

@@ -272,6 +272,9 @@ class Optimizer {
    *  param's data and grad as a step checks them, so that bad input throws before anything
    *  changes. */
   void check_update_call(size_t group, std::span<const Param* const> params, const char* call) const;
+  /** For the chunked update pieces: a chunk past 0 needs the param's first update counted (the
+   *  chunk at 0 counts the step), else a named error naming `call`. */
+  void check_chunk_start(const Param& param, int64_t begin, int64_t end, const char* call) const;
   /** Fixes `param`'s shape and dtype, as its data has them now, unless fixed already. */
   void fix_layout(const Param& param);
   /** The state tensor `key` of `param`, created as zeros when missing (fixing its layout). */
