@@ -1,6 +1,8 @@
 // HSDP Muon: the plan (enable_hsdp) and the update of one assignment, replicated or sharded.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <string>
 #include <unordered_set>
 
 #include "sum_over_ranks.h"
@@ -23,6 +25,13 @@ void check_not_shard(const Param& p) {
   SWAPOPT_CHECK(!is_shard(p), "[Muon] parameter '" << p.name << "' is a shard (" << shape_str(p.data.shape()) << " of "
                                                    << shape_str(p.logical_shape())
                                                    << "): call enable_hsdp so its update sees the whole matrix");
+}
+
+/** FNV-1a: the same 64 bits on every rank and host for the same text (std::hash promises neither). */
+uint64_t fnv1a_64(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (const unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
 }
 
 }  // namespace
@@ -185,6 +194,9 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   // rank before any of them starts the update's collectives (which would wait for it). Every rank
   // must step the same HSDP params: the packing of update_sharded depends on it, and an owner
   // without a grad would leave its replicas' param as it was while theirs has a grad.
+  // Each group's options and step count go in too, as the 64 bits of a digest (a bit's count is 0
+  // or every rank when all agree): ranks stepping a shard with another lr would leave a param
+  // that no single-process step computes.
   Communicator& world = mesh_groups_->world();
   std::vector<const Param*> params;
   std::vector<float> counts = {local_failure ? 1.f : 0.f};
@@ -193,11 +205,23 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
       params.push_back(p);
       counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
+  const size_t digests_at = counts.size();
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const uint64_t digest = fnv1a_64(group_options_json(g) + " step " + std::to_string(param_groups()[g].step));
+    for (int bit = 0; bit < 64; ++bit) counts.push_back(float((digest >> bit) & 1));
+  }
   counts = sum_over_step_ranks(std::move(counts));
   if (local_failure) std::rethrow_exception(local_failure);
   SWAPOPT_CHECK(counts[0] == 0.f, "[Muon] the step's checks failed on " << counts[0] << " of " << world.size()
                                                                         << " ranks (their errors say why): the step "
                                                                            "changed nothing");
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const auto bits = counts.begin() + std::ptrdiff_t(digests_at + 64 * g);
+    SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
+                  "[Muon] group " << g << "'s options or step count differ between the ranks (this rank: steps taken "
+                                  << param_groups()[g].step << ", options " << group_options_json(g)
+                                  << "): every HSDP rank must step with the same options");
+  }
   for (size_t i = 0; i < params.size(); ++i)
     SWAPOPT_CHECK(counts[i + 1] == 0.f || counts[i + 1] == float(world.size()),
                   "[Muon] '" << params[i]->name << "' has a grad on " << counts[i + 1] << " of " << world.size()

@@ -11,15 +11,28 @@
 
 namespace swapopt {
 
-/** Each of `values` summed over every rank of `group` (one all-reduce of a tensor on `device`: NCCL
- *  needs device memory). The tensor is staged through the device's default stream, not a caller's:
- *  a stream holding an earlier failure would make this rank throw alone and leave the others
- *  waiting in the collective. Allocated and freed in order on that stream (a free without a stream
- *  would synchronise the whole device). Collective; waits on the host. */
+/** Each of `values` summed over every rank of `group`, on `device`'s communicator memory.
+ *  Collective; waits on the host.
+ *
+ *  On the CPU the collective reads host memory and the host waits for it: no stream at all. A
+ *  shared stream would couple ranks that share a process (a task waiting for this rank's
+ *  collective blocks every later user of that stream, another rank's staging included, until the
+ *  timeout) and would keep a failed collective's error for an unrelated later caller.
+ *
+ *  On CUDA (NCCL needs device memory) the tensor is staged through the device's default stream,
+ *  not a caller's: a stream holding an earlier failure would make this rank throw alone and leave
+ *  the others waiting in the collective. It is allocated and freed in order on that stream (a free
+ *  without a stream would synchronise the whole device). */
 inline std::vector<float> sum_over_ranks(Communicator& group, Device device, const std::vector<float>& values) {
+  const Tensor host = Tensor::from_floats(values, {int64_t(values.size())});
+  if (device.is_cpu()) {
+    group.all_reduce(host)->wait();
+    const float* sums = host.data<float>();
+    return std::vector<float>(sums, sums + values.size());
+  }
   Stream& stream = default_stream(device);
   const Tensor total = Tensor::empty({int64_t(values.size())}, DType::f32, device, &stream);
-  ops::copy(stream, Tensor::from_floats(values, {int64_t(values.size())}), total);
+  ops::copy(stream, host, total);
   stream.synchronize();  // the collective reads `total` now
   const WorkPtr work = group.all_reduce(total);
   // `total` is freed on `stream`: ordered after the collective's end, also when it failed (NCCL

@@ -96,6 +96,29 @@ TEST_SUITE("mp") {
     std::system(("rm -rf " + dir).c_str());
   }
 
+  TEST_CASE("an HSDP step with a dead rank: a named error on the others, and their later work runs") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    const auto r =
+        test::launch_ranks(3, {worker(), "hsdp_dead_rank"},
+                           {{"SWAPOPT_RENDEZVOUS", dir}, {"SWAPOPT_TIMEOUT_MS", "3000"}}, std::chrono::seconds(30));
+    CHECK_FALSE(r.timed_out);
+    for (int i = 0; i < 2; ++i) {
+      CAPTURE(r.ranks[size_t(i)].output);
+      CHECK(r.ranks[size_t(i)].exit_code == 0);
+    }
+    CHECK(r.ranks[2].exit_code == 3);
+    std::system(("rm -rf " + dir).c_str());
+  }
+
+  TEST_CASE("two Gloo ranks as threads of one process step HSDP Muon without waiting for each other") {
+    const std::string dir = test::make_temp_dir("swapopt_rdzv_");
+    const auto r = test::launch_ranks(1, {worker(), "thread_ranks", dir}, {}, std::chrono::seconds(60));
+    CHECK_FALSE(r.timed_out);
+    CAPTURE(r.ranks[0].output);
+    CHECK(r.ranks[0].exit_code == 0);
+    std::system(("rm -rf " + dir).c_str());
+  }
+
   TEST_CASE("a dead rank in a sub-group: the error names the group, its world ranks and the caller's") {
     const std::string dir = test::make_temp_dir("swapopt_rdzv_");
     const auto r = test::launch_ranks(3, {worker(), "dead_rank_in_group"},

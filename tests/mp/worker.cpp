@@ -1,9 +1,12 @@
 // The program the multi-process tests launch once per rank: runs one scenario and exits 0 when
 // every check on this rank held. Usage: swapopt-mp-worker SCENARIO [ARGS]
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -349,6 +352,98 @@ void hsdp_grad_mismatch(const std::shared_ptr<Communicator>& comm, bool same_cou
   }
 }
 
+/** Two Gloo ranks as threads of this process (mesh 1x2, HsdpOptions::name set, as that option
+ *  allows), rank 1 reaching each step 50 ms after rank 0: every step completes well within the
+ *  collective timeout (3 s), bare and swapped. The ranks share the process's default CPU stream,
+ *  which the step's agreement must not make them wait on for each other. */
+void thread_ranks(const std::string& rendezvous_dir) {
+  for (const bool swap : {false, true}) {
+    const std::string dir = rendezvous_dir + (swap ? "/swapped" : "/bare");
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> errors(2);
+    std::vector<double> slowest(2, 0.0);
+    const auto rank_body = [&](int rank) {
+      try {
+        LaunchEnv env;
+        env.rank = rank;
+        env.world_size = 2;
+        env.rendezvous_dir = dir;
+        env.timeout = std::chrono::milliseconds(3000);
+        std::shared_ptr<Communicator> comm = make_gloo_communicator(env);
+        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
+                                                 std::vector<std::string>{"replicate", "shard"}, rank);
+        auto params = hsdp_model(mesh, true);
+        Muon muon(Stream(Device::cpu()));
+        muon.add_param_group(params);
+        HsdpOptions options;
+        options.name = "rank" + std::to_string(rank);
+        muon.enable_hsdp(comm, options);
+        std::unique_ptr<SwapOptimizer> swapped = swap ? swap_muon(muon) : nullptr;
+        for (int step = 1; step <= 3; ++step) {
+          hsdp_grads(params, step, mesh.get());
+          if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          const auto start = std::chrono::steady_clock::now();
+          if (swapped) {
+            swapped->step();
+            swapped->synchronize();
+          } else {
+            muon.step();
+            muon.stream().synchronize();
+          }
+          slowest[size_t(rank)] = std::max(
+              slowest[size_t(rank)], std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+      }
+    };
+    std::thread rank0(rank_body, 0), rank1(rank_body, 1);
+    rank0.join();
+    rank1.join();
+    for (int rank = 0; rank < 2; ++rank) {
+      std::printf("thread rank %d (%s): slowest step %.3f s%s%s\n", rank, swap ? "swapped" : "bare",
+                  slowest[size_t(rank)], errors[size_t(rank)].empty() ? "" : ", error: ", errors[size_t(rank)].c_str());
+      expect(errors[size_t(rank)].empty(), "thread rank " + std::to_string(rank) + " stepped without an error");
+      expect(slowest[size_t(rank)] < 1.0, "thread rank " + std::to_string(rank) + "'s steps took less than 1 s");
+    }
+  }
+}
+
+/** Mesh 1 x size: one good HSDP step, then the last rank leaves and the others' next step fails
+ *  with the collective's error. The failure stays in that step: afterwards this rank's unrelated
+ *  work (a clone, which runs on the process's default stream) does not throw it again. */
+void hsdp_dead_rank(const std::shared_ptr<Communicator>& comm) {
+  auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, comm->size()},
+                                           std::vector<std::string>{"replicate", "shard"}, comm->rank());
+  auto params = hsdp_model(mesh, true);
+  Muon muon(Stream(Device::cpu()));
+  muon.add_param_group(params);
+  muon.enable_hsdp(comm);
+  hsdp_grads(params, 1, mesh.get());
+  muon.step();
+  muon.stream().synchronize();
+  comm->barrier();
+  if (comm->rank() == comm->size() - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::_Exit(3);
+  }
+  hsdp_grads(params, 3, mesh.get());
+  try {
+    muon.step();
+    muon.stream().synchronize();
+    expect(false, "an HSDP step with a dead peer succeeded");
+  } catch (const Error& e) {
+    std::printf("named error: %s\n", e.what());
+    expect(std::strstr(e.what(), "[comm] all_reduce on rank ") != nullptr, "the step's error names the collective");
+  }
+  try {
+    const Tensor copy = Tensor::from_floats({1.f, 2.f}, {2}).clone();
+    expect(copy.to_float_vector() == std::vector<float>{1.f, 2.f}, "the clone holds its values");
+  } catch (const std::exception& e) {
+    expect(false, std::string("unrelated work after the failed step threw: ") + e.what());
+  }
+}
+
 }  // namespace
 
 /** The group's last rank leaves before an all_reduce; the others must fail with a named error in
@@ -374,6 +469,12 @@ void peer_leaves(Communicator& group) {
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   try {
+    if (scenario == "thread_ranks") {  // its ranks are threads with their own rendezvous
+      if (argc != 3) throw Error("usage: swapopt-mp-worker thread_ranks RENDEZVOUS_DIR");
+      thread_ranks(argv[2]);
+      std::printf("rank done: %d failures\n", failures);
+      return failures == 0 ? 0 : 1;
+    }
     const LaunchEnv env = LaunchEnv::from_environment();
     // The last rank arrives 4 s after the others (comm_test: the rendezvous timeout waits for it).
     if (scenario == "late_rank" && env.rank == env.world_size - 1) std::this_thread::sleep_for(std::chrono::seconds(4));
@@ -389,6 +490,8 @@ int main(int argc, char** argv) {
       nccl_collectives(std::shared_ptr<Communicator>(std::move(comm)), env);
     } else if (scenario == "hsdp_grad_mismatch") {
       hsdp_grad_mismatch(std::shared_ptr<Communicator>(std::move(comm)), argc > 2 && std::string(argv[2]) == "same_count");
+    } else if (scenario == "hsdp_dead_rank") {
+      hsdp_dead_rank(std::shared_ptr<Communicator>(std::move(comm)));
     } else if (scenario == "dead_rank") {
       peer_leaves(*comm);
     } else if (scenario == "dead_rank_in_group") {

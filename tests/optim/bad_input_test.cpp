@@ -923,6 +923,40 @@ TEST_SUITE("bad input") {
     }
   }
 
+  TEST_CASE("2-rank HSDP: ranks stepping with different options fail on both ranks with nothing changed") {
+    const std::string prefix =
+        "[Muon] group 0's options or step count differ between the ranks (this rank: steps taken ";
+    const std::string suffix = "): every HSDP rank must step with the same options";
+    bare_and_swapped_on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
+            std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "options", swap);
+          set_grads(r.params, 1);
+          r.step();
+          set_grads(r.params, 2);
+          if (rank == 1) r.muon.set_lr(0.03);  // rank 0 keeps the default 0.02
+          const std::string before = r.snap();
+          error = error_of([&] { r.step(); });
+          unchanged = r.snap() == before ? "yes" : "no";
+          // Set alike again, the ranks step together.
+          r.muon.set_lr(0.02);
+          r.step();
+          if (r.swapped) r.swapped->synchronize();
+          if (r.muon.param_groups()[0].step != 2) error += " (no second step)";
+        },
+        [&](const TwoRankOutcome& out) {
+          for (size_t rank = 0; rank < 2; ++rank) {
+            CAPTURE(rank);
+            const std::string& e = out.errors[rank];
+            CHECK(e.rfind(prefix, 0) == 0);
+            CHECK(e.size() > suffix.size());
+            CHECK(e.compare(e.size() - std::min(e.size(), suffix.size()), suffix.size(), suffix) == 0);
+            CHECK(e.find(rank == 0 ? "\"lr\":0.02," : "\"lr\":0.03,") != std::string::npos);
+          }
+          CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+        });
+  }
+
   TEST_CASE("2-rank HSDP skipping non-finite steps: a failure one rank's stream holds fails the step on both ranks") {
     bare_and_swapped_on_two_ranks(
         [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,

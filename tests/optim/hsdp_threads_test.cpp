@@ -250,11 +250,12 @@ TEST_CASE("an HSDP step waits on the host only for its checks' agreement and at 
       const auto update_issues = std::count_if(issues.begin(), issues.end(), [&](size_t k) { return k > check_end; });
       const auto update_waits = std::count_if(waits.begin(), waits.end(), [&](size_t k) { return k > check_end; });
       CHECK(update_waits == update_issues);
-      // Every update collective hands its result to the stream; the checks' agreement orders the
-      // free of its tensor (on the device's default stream) after it, before its wait.
+      // Every update collective hands its result to the stream; the checks' agreement orders no
+      // stream on the CPU (its tensor is host memory, waited for by the host: a stream shared by
+      // ranks of one process would make them wait for each other).
       const std::vector<size_t> orders = positions(*log, "finish_before");
       CHECK(std::count_if(orders.begin(), orders.end(), [&](size_t k) { return k > check_end; }) == update_issues);
-      CHECK(std::count_if(orders.begin(), orders.end(), [&](size_t k) { return k < check_end; }) == 1);
+      CHECK(std::count_if(orders.begin(), orders.end(), [&](size_t k) { return k < check_end; }) == 0);
     }
 }
 

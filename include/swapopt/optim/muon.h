@@ -254,8 +254,9 @@ class Muon : public Optimizer {
   void check_unfixed_shape(const Param& param) const override;
   /** Also: no shard without HSDP. */
   void check_step_locally() override;
-  /** Under HSDP, one all-reduce over the mesh: the local failures and, per HSDP param, the ranks
-   *  holding its grad (every rank steps the same HSDP params). */
+  /** Under HSDP, one all-reduce over the mesh: the local failures, per HSDP param the ranks
+   *  holding its grad (every rank steps the same HSDP params), and per group a digest of its
+   *  options and step count (every rank steps with the same ones). */
   void agree_on_checks(std::exception_ptr local_failure) override;
   // The bodies of the public update pieces, for the calls of a step, bare or swapped (its checks
   // covered them): the public ones first check that the params are of `group`, a hash lookup per
