@@ -1,13 +1,15 @@
 // save_checkpoint / load_checkpoint: the files and the loads of the StateDict path, bit for bit,
 // for bare, swapped and set optimizers, without a copy of the state in between.
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -378,8 +380,11 @@ TEST_CASE("a failed save_async is thrown by the next step, before it changes any
 
 TEST_CASE("a process killed while save_async writes leaves the previous checkpoint whole and loadable") {
   // The test runs itself as a child (SWAPOPT_KILLED_SAVE=<dir>): it saves a checkpoint, keeps a
-  // copy of it, steps, starts save_async() over the same path and kills itself (SIGKILL) while
-  // the writer is filling the temporary file.
+  // copy of it, steps, and starts save_async() over the same path with the process's file size
+  // limit at half the checkpoint. The kernel then ends it (SIGXFSZ) inside the writer's write()
+  // halfway through the temporary file, before its fsync and rename, on every run. (Polling for
+  // the temporary file and raising SIGKILL raced the writer: on a loaded machine the save could
+  // finish, or be renamed, before the kill.)
   auto model = [] {
     std::vector<ParamPtr> params;
     for (int i = 0; i < 8; ++i) {
@@ -388,8 +393,9 @@ TEST_CASE("a process killed while save_async writes leaves the previous checkpoi
     }
     return params;
   };
+  constexpr rlim_t kHalfCheckpoint = 32 << 20;  // 8 params of 2^20 f32 elements, two moments each: 64 MiB
   if (const char* dir = std::getenv("SWAPOPT_KILLED_SAVE")) {
-    const std::string path = std::string(dir) + "/run.safetensors", tmp = path + ".tmp";
+    const std::string path = std::string(dir) + "/run.safetensors";
     auto params = model();
     AdamW adamw(Stream(Device::cpu()));
     adamw.add_param_group(params);
@@ -398,13 +404,14 @@ TEST_CASE("a process killed while save_async writes leaves the previous checkpoi
     swapped->save_checkpoint(path);
     write_bytes(path + ".previous", file_bytes(path));
     swapped->step();
+    rlimit limit{};
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = kHalfCheckpoint;
+    const rlimit no_core{0, 0};
+    if (::setrlimit(RLIMIT_CORE, &no_core) != 0 || ::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(4);
     swapped->save_async(path);
-    struct stat info {};
-    for (int polls = 0; polls < 200000; ++polls) {  // up to ~10 s
-      if (::stat(tmp.c_str(), &info) == 0 && info.st_size > 0) std::raise(SIGKILL);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    std::_Exit(3);  // never saw the temporary file: the writer was too quick
+    swapped->wait_save();
+    std::_Exit(3);  // the save finished: the limit did not stop it
   }
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -413,15 +420,16 @@ TEST_CASE("a process killed while save_async writes leaves the previous checkpoi
   char dir_template[] = "/tmp/swapopt-killed-save-XXXXXX";
   REQUIRE(mkdtemp(dir_template) != nullptr);
   const std::string dir = dir_template, path = dir + "/run.safetensors";
-  int status = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    std::remove(path.c_str());
-    status = std::system(("SWAPOPT_KILLED_SAVE=" + dir + " '" + self + "' -tc='*killed while save_async*' >/dev/null 2>&1").c_str());
-    if ((WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL) || WIFSIGNALED(status)) break;
-  }
-  // The child's end: the shell reports a SIGKILLed command as 128 + 9 (dash), or is itself the
-  // killed process where it execs the command.
-  REQUIRE(((WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL) || (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)));
+  const int status = std::system(
+      ("SWAPOPT_KILLED_SAVE=" + dir + " '" + self + "' -tc='*killed while save_async*' >/dev/null 2>&1").c_str());
+  // The child's end: the shell reports a command ended by a signal as 128 + its number (dash), or
+  // is itself the process ended where it execs the command.
+  CAPTURE(status);
+  REQUIRE(((WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGXFSZ) ||
+           (WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ)));
+  struct stat info_of_tmp {};
+  CHECK(::stat((path + ".tmp").c_str(), &info_of_tmp) == 0);
+  CHECK(info_of_tmp.st_size == off_t(kHalfCheckpoint));       // the writer was stopped halfway
   CHECK(file_bytes(path) == file_bytes(path + ".previous"));  // untouched by the interrupted save
   auto params = model();
   AdamW adamw(Stream(Device::cpu()));
