@@ -258,6 +258,7 @@ std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkp
     runtime_.discard_early_prefetch();  // its device copies would hold the state being replaced
     synchronize();
     for (const auto& slot : runtime_.slots()) slot->created = false;  // state not in the checkpoint is gone
+    latest_plan_ = 0;  // a plan made before knew the old state (which slots it would create): plan again
     apply();
     optimizer().stream().synchronize();
   };

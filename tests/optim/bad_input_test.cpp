@@ -1341,6 +1341,53 @@ TEST_SUITE("bad input") {
     CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
   }
 
+  TEST_CASE("run_step refuses a plan made before a load: the loaded state is kept, and a new plan steps as bare") {
+    // The state saved after one step, loaded into optimizers that have none yet (the plan would
+    // create its slots as zeros) and into ones that have stepped (the plan would keep theirs).
+    std::vector<ParamPtr> saved_params = test::muon_adamw_model();
+    AdamW saved(Stream(Device::cpu()));
+    saved.add_param_group(saved_params);
+    set_grads(saved_params, 1);
+    saved.step();
+    const StateDict checkpoint = saved.state_dict();
+    const std::string path = test::temp_file("plan_before_load.safetensors");
+    saved.save_checkpoint(path);
+    for (const bool from_file : {false, true})
+      for (const int steps_before : {0, 1}) {
+        CAPTURE(from_file);
+        CAPTURE(steps_before);
+        std::vector<ParamPtr> bare_params = test::muon_adamw_model(), swap_params = test::muon_adamw_model();
+        AdamW bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+        bare.add_param_group(bare_params);
+        inner.add_param_group(swap_params);
+        auto swapped = swap_adamw(inner, {.min_numel = 1});
+        for (int s = 1; s <= steps_before; ++s) {
+          set_grads(bare_params, 5 + s);
+          set_grads(swap_params, 5 + s);
+          bare.step();
+          swapped->step();
+        }
+        set_grads(bare_params, 2);
+        set_grads(swap_params, 2);
+        SwapOptimizer::PlannedStep plan = swapped->plan_step();
+        bare.load_state_dict(checkpoint);
+        from_file ? swapped->load_checkpoint(path) : swapped->load_state_dict(checkpoint);
+        const std::string loaded = serialize_state_dict(swapped->state_dict());
+        CHECK(error_of([&] { swapped->run_step(plan); }) ==
+              "[swap] run_step() takes the plan the last plan_step() made, once: plan the step again");
+        CHECK(serialize_state_dict(swapped->state_dict()) == loaded);
+        SwapOptimizer::PlannedStep again = swapped->plan_step();
+        swapped->run_step(again);
+        bare.step();
+        bare.synchronize();
+        swapped->synchronize();
+        for (size_t i = 0; i < bare_params.size(); ++i)
+          CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
+        CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+      }
+    std::remove(path.c_str());
+  }
+
   TEST_CASE("run_step refuses another wrapper's plan, changing nothing") {
     std::vector<ParamPtr> first_params = test::muon_adamw_model(), second_params = test::muon_adamw_model();
     AdamW first(Stream(Device::cpu())), second(Stream(Device::cpu()));

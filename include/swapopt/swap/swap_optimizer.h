@@ -114,8 +114,9 @@ class SwapOptimizer {
    *  changes nothing. */
   PlannedStep plan_step();
   /** Runs a step plan_step() just made (or, with plan.skip, records a skipped step). An older
-   *  plan, another wrapper's, or one run already, is a named error that changes nothing. The
-   *  params, grads and options must not change in between: the plan's checks are not rerun. */
+   *  plan, another wrapper's, one run already, or one made before a load (load_state_dict,
+   *  load_checkpoint), is a named error that changes nothing. The params, grads and options must
+   *  not change in between: the plan's checks are not rerun. */
   void run_step(PlannedStep& plan);
  private:
   friend class SwapOptimizerSet;
