@@ -128,7 +128,7 @@ void check_disjoint_params(const std::vector<const Param*>& params, const std::s
   };
   std::vector<Range> ranges;
   for (const Param* p : params) {
-    if (p->data.nbytes() == 0 || p->data.is_released()) continue;  // no memory to share
+    if (!p->data.defined() || p->data.nbytes() == 0 || p->data.is_released()) continue;  // no memory to share
     const char* begin = static_cast<const char*>(p->data.data_ptr());
     ranges.push_back({begin, begin + p->data.nbytes(), p});
   }
@@ -312,10 +312,35 @@ void Optimizer::check_step_locally() {
   check_params_with_grad();
 }
 
+void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimizers) {
+  const auto begin_of = [](const Tensor& data) -> const void* {
+    return data.defined() && !data.is_released() ? data.data_ptr() : nullptr;
+  };
+  const auto nbytes_of = [](const Tensor& data) { return data.defined() ? data.nbytes() : size_t(0); };
+  bool moved = false;
+  for (const Optimizer* o : optimizers)
+    for (const ParamRecord& r : o->records_)
+      moved = moved || r.checked_begin != begin_of(r.param->data) || r.checked_nbytes != nbytes_of(r.param->data);
+  if (!moved) return;
+  std::vector<const Param*> params;
+  std::string who;
+  for (const Optimizer* o : optimizers) {
+    for (const ParamRecord& r : o->records_) params.push_back(r.param);
+    who += (who.empty() ? "" : "+") + o->name_;
+  }
+  check_disjoint_params(params, who);
+  for (const Optimizer* o : optimizers)
+    for (const ParamRecord& r : o->records_) {
+      r.checked_begin = begin_of(r.param->data);
+      r.checked_nbytes = nbytes_of(r.param->data);
+    }
+}
+
 void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks) {
   std::exception_ptr failure;
   try {
     local_checks();
+    check_moved_params_disjoint(optimizers);
   } catch (...) {
     failure = std::current_exception();
   }

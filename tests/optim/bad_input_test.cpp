@@ -1388,6 +1388,90 @@ TEST_SUITE("bad input") {
     std::remove(path.c_str());
   }
 
+  TEST_CASE("a param re-pointed at another param's memory is refused by the step, bare and swapped, changing nothing") {
+    // add_param_group refuses params that share memory; `data` may later point at another
+    // buffer, so the step checks again when some param moved (here one step after the first).
+    const std::string shared = " share memory (an update of one would change the other)";
+    struct Case {
+      std::string what;
+      bool with_vector;
+      std::function<void(std::vector<ParamPtr>&)> alias;  // re-points one param into another's memory
+      std::string message;
+    };
+    const std::vector<Case> cases = {
+        {"AdamW: bias into w0", true,
+         [](std::vector<ParamPtr>& p) { p[1]->data = p[0]->data.view({1024}).narrow(0, 100, 64); },
+         "[AdamW] parameters 'w0' and 'bias'" + shared},
+        {"Muon: w2 onto w0", false, [](std::vector<ParamPtr>& p) { p[2]->data = p[0]->data; },
+         "[Muon] parameters 'w0' and 'w2'" + shared},
+        {"MuonWithAdamW: an AdamW param into a Muon one", true,
+         [](std::vector<ParamPtr>& p) { p[1]->data = p[3]->data.view({1024}).narrow(0, 960, 64); },
+         "[Muon+AdamW] parameters 'w2' and 'bias'" + shared},
+    };
+    for (const Case& c : cases)
+      for (const bool swap : {false, true}) {
+        CAPTURE(c.what);
+        CAPTURE(swap);
+        std::vector<ParamPtr> params = model(c.with_vector), reference = model(c.with_vector);
+        std::unique_ptr<Optimizer> single, single_ref;
+        std::unique_ptr<MuonWithAdamW> pair, pair_ref;
+        std::unique_ptr<SwapOptimizer> swapped;
+        std::unique_ptr<SwapOptimizerSet> swapped_set;
+        const bool is_pair = c.what.rfind("MuonWithAdamW", 0) == 0, is_adamw = c.what.rfind("AdamW", 0) == 0;
+        if (is_pair) {
+          pair = std::make_unique<MuonWithAdamW>(Stream(Device::cpu()), params);
+          pair_ref = std::make_unique<MuonWithAdamW>(Stream(Device::cpu()), reference);
+          if (swap) swapped_set = swap_muon_with_adamw(*pair, {.min_numel = 1});
+        } else {
+          single = is_adamw ? std::unique_ptr<Optimizer>(std::make_unique<AdamW>(Stream(Device::cpu())))
+                            : std::unique_ptr<Optimizer>(std::make_unique<Muon>(Stream(Device::cpu())));
+          single_ref = is_adamw ? std::unique_ptr<Optimizer>(std::make_unique<AdamW>(Stream(Device::cpu())))
+                                : std::unique_ptr<Optimizer>(std::make_unique<Muon>(Stream(Device::cpu())));
+          is_adamw ? static_cast<AdamW&>(*single).add_param_group(params)
+                   : static_cast<Muon&>(*single).add_param_group(params);
+          is_adamw ? static_cast<AdamW&>(*single_ref).add_param_group(reference)
+                   : static_cast<Muon&>(*single_ref).add_param_group(reference);
+          if (swap)
+            swapped = is_adamw ? swap_adamw(static_cast<AdamW&>(*single), {.min_numel = 1})
+                               : swap_muon(static_cast<Muon&>(*single), {.min_numel = 1});
+        }
+        const auto step = [&] {
+          if (swapped_set) return swapped_set->step();
+          if (swapped) return swapped->step();
+          pair ? pair->step() : single->step();
+        };
+        const auto state = [&] {
+          if (swapped_set) return serialize_state_dict(swapped_set->state_dict());
+          if (swapped) return serialize_state_dict(swapped->state_dict());
+          return serialize_state_dict(pair ? pair->state_dict() : single->state_dict());
+        };
+        const auto snap = [&] {
+          std::string out = state();
+          for (const ParamPtr& p : params)
+            out += std::string(static_cast<const char*>(p->data.data_ptr()), p->data.nbytes());
+          return out;
+        };
+        set_grads(params, 1);
+        set_grads(reference, 1);
+        step();
+        pair_ref ? pair_ref->step() : single_ref->step();
+        set_grads(params, 2);
+        set_grads(reference, 2);
+        std::vector<Tensor> own;
+        for (const ParamPtr& p : params) own.push_back(p->data);
+        c.alias(params);
+        const std::string before = snap();
+        CHECK(error_of(step) == c.message);
+        CHECK(snap() == before);
+        for (size_t i = 0; i < params.size(); ++i) params[i]->data = own[i];  // each at its own buffer again
+        step();
+        pair_ref ? pair_ref->step() : single_ref->step();
+        const std::string expected = serialize_state_dict(pair_ref ? pair_ref->state_dict() : single_ref->state_dict());
+        CHECK(state() == expected);
+        for (size_t i = 0; i < params.size(); ++i) CHECK(test::same_bits(params[i]->data, reference[i]->data));
+      }
+  }
+
   TEST_CASE("run_step refuses another wrapper's plan, changing nothing") {
     std::vector<ParamPtr> first_params = test::muon_adamw_model(), second_params = test::muon_adamw_model();
     AdamW first(Stream(Device::cpu())), second(Stream(Device::cpu()));

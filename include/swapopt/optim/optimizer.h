@@ -126,8 +126,8 @@ class Optimizer {
    *  through mutable_options since included) and every param the step updates: its data (not
    *  released, contiguous, on the device; once the optimizer laid out its state, the shape and
    *  dtype it had then: the trainer may point `data` at another buffer between steps, not reshape
-   *  or cast it, see ParamRecord::fixed) and its grad (shape, device,
-   *  contiguous, not released). step() and the swapped step call it before they
+   *  or cast it, see ParamRecord::fixed; after such a move, no two params may share memory) and
+   *  its grad (shape, device, contiguous, not released). step() and the swapped step call it before they
    *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
    *  as it was. Collective under HSDP: the ranks compare which params they step, and a check
    *  failing on one rank fails on every rank ("[Muon] the step's checks failed on 1 of 2 ranks
@@ -318,6 +318,9 @@ class Optimizer {
  private:
   /** Throws if two params (those already added and `added`) share memory, naming both. */
   void check_disjoint(const std::vector<ParamPtr>& added) const;
+  /** A step's check that the params of `optimizers`, stepped as one, share no memory: rerun only
+   *  when some param's `data` points elsewhere than at the last check (re-pointing is allowed). */
+  static void check_moved_params_disjoint(std::span<Optimizer* const> optimizers);
   /** What the optimizer knows of each param, by param_index(). */
   struct ParamRecord {
     const Param* param;
@@ -329,6 +332,10 @@ class Optimizer {
     bool fixed = false;
     Shape shape;
     DType dtype = DType::f32;
+    /** Where `data` was when a step last checked that no two params share memory (null: not
+     *  checked yet): a step whose params all stay put skips that check. */
+    mutable const void* checked_begin = nullptr;
+    mutable size_t checked_nbytes = 0;
   };
   std::vector<ParamRecord> records_;
   /** Throws unless `param`'s data has the shape and dtype fixed in `record`, or, not fixed yet,
