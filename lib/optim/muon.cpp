@@ -362,6 +362,7 @@ void Muon::validate_options() const {
 
 void Muon::check_step_locally() {
   validate_options();
+  check_step_counts();
   for (size_t g = 0; g < groups_.size(); ++g) local_params(g);  // throws for a shard without HSDP
   check_params_with_grad();
 }

@@ -309,7 +309,17 @@ void Optimizer::check_step() {
 
 void Optimizer::check_step_locally() {
   validate_options();
+  check_step_counts();
   check_params_with_grad();
+}
+
+void Optimizer::check_step_counts() const {
+  // A checkpoint loads steps up to INT64_MAX - 1: the step to INT64_MAX would write one that no
+  // load takes, and the one after would overflow.
+  for (size_t g = 0; g < groups_.size(); ++g)
+    SWAPOPT_CHECK(groups_[g].step < std::numeric_limits<int64_t>::max() - 1, "[" << name_ << "] group " << g
+                                                                                 << " has taken " << groups_[g].step
+                                                                                 << " steps: no step can follow it");
 }
 
 void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimizers) {
@@ -468,7 +478,7 @@ std::function<void()> Optimizer::prepare_load(
     for (const ParamPtr& p : groups_[g].params) by_index.push_back(p.get());
     const int64_t step = json::get_int(json::member(groups[g], "step", what), what + ".step");
     SWAPOPT_CHECK(step >= 0, "[checkpoint] group " << g << " has negative step " << step);
-    SWAPOPT_CHECK(step < std::numeric_limits<int64_t>::max(),
+    SWAPOPT_CHECK(step < std::numeric_limits<int64_t>::max(),  // step() stops one below
                   "[checkpoint] group " << g << " has step " << step << ": no step can follow it");
     group_steps.push_back(step);
     options_json.push_back(json::member(groups[g], "options", what).dump());

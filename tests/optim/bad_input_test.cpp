@@ -674,6 +674,43 @@ TEST_SUITE("bad input") {
     CHECK(muon.state().empty());
   }
 
+  TEST_CASE("the last step a group can take: its state loads, the step after it is refused, changing nothing") {
+    for (const bool adamw : {true, false})
+      for (const bool swap : {false, true}) {
+        CAPTURE(adamw);
+        CAPTURE(swap);
+        std::vector<ParamPtr> params = model(adamw);
+        std::unique_ptr<Optimizer> opt =
+            adamw ? std::unique_ptr<Optimizer>(std::make_unique<AdamW>(Stream(Device::cpu())))
+                  : std::unique_ptr<Optimizer>(std::make_unique<Muon>(Stream(Device::cpu())));
+        adamw ? static_cast<AdamW&>(*opt).add_param_group(params) : static_cast<Muon&>(*opt).add_param_group(params);
+        std::unique_ptr<SwapOptimizer> swapped;
+        if (swap)
+          swapped = adamw ? swap_adamw(static_cast<AdamW&>(*opt), {.min_numel = 1})
+                          : swap_muon(static_cast<Muon&>(*opt), {.min_numel = 1});
+        const auto step = [&] { swapped ? swapped->step() : opt->step(); };
+        const auto state_dict = [&] { return swapped ? swapped->state_dict() : opt->state_dict(); };
+        const auto load = [&](const StateDict& s) { swapped ? swapped->load_state_dict(s) : opt->load_state_dict(s); };
+        set_grads(params, 1);
+        step();
+        StateDict late = state_dict();  // one step taken: every count 1, made INT64_MAX - 2
+        const std::string big = "9223372036854775805";
+        replace_once(late.metadata, "\"step\":1", "\"step\":" + big);
+        std::string& meta = late.metadata;
+        for (size_t at = meta.find("\"param_steps\":[") + 15; meta[at] != ']'; ++at)
+          if (meta[at] == '1') meta.replace(at, 1, big), at += big.size() - 1;
+        load(late);
+        set_grads(params, 2);
+        step();  // to INT64_MAX - 1: its state still loads
+        const StateDict last = state_dict();
+        CHECK_NOTHROW(load(last));
+        const std::string before = serialize_state_dict(state_dict()) + snapshot(*opt, params, swapped.get());
+        CHECK(error_of(step) ==
+              "[" + opt->name() + "] group 0 has taken 9223372036854775806 steps: no step can follow it");
+        CHECK(serialize_state_dict(state_dict()) + snapshot(*opt, params, swapped.get()) == before);
+      }
+  }
+
   TEST_CASE("checkpoints that must not load: named error, every byte unchanged") {
     struct Bad {
       std::string what;

@@ -263,6 +263,8 @@ class Optimizer {
    *  data (same shape, contiguous, on this device, not released). A grad's dtype may be any (bf16 or
    *  f16 grads on f32 params): the fused updates read it exactly, as if converted to f32 first. */
   void check_params_with_grad() const;
+  /** Throws when a group has taken INT64_MAX - 1 steps (the most a checkpoint loads). */
+  void check_step_counts() const;
   /** For the update pieces the swap adapters call (public, so checked): throws unless `group` is
    *  one of this optimizer's groups and every one of `params` is a param of it, naming `call`. */
   void check_in_group(size_t group, std::span<const Param* const> params, const char* call) const;
