@@ -34,7 +34,10 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
                   "[swap] member name '" << m.first << "' must be letters, digits, '_' or '-' (it prefixes checkpoint names)");
     SWAPOPT_CHECK(names.insert(m.first).second, "[swap] member name '" << m.first << "' is used twice");
     SWAPOPT_CHECK(m.second != nullptr, "[swap] member '" << m.first << "' is null");
-    SWAPOPT_CHECK(m.second->optimizer().stream() == members_.front().second->optimizer().stream(),
+    // One queue: the same handle on the same device (two borrow() wrappers of one cudaStream_t
+    // are distinct Streams of one queue).
+    const Stream &mine = m.second->optimizer().stream(), &first = members_.front().second->optimizer().stream();
+    SWAPOPT_CHECK(mine.device() == first.device() && mine.native_handle() == first.native_handle(),
                   "[swap] member '" << m.first << "' runs on another stream than '" << members_.front().first
                                     << "': the members of a set share one stream");
   }

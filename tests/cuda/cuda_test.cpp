@@ -445,6 +445,24 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     REQUIRE(cudaStreamDestroy(raw) == cudaSuccess);
   }
 
+  TEST_CASE("a set's members on two borrow() wrappers of one cudaStream_t share its queue: the set takes them") {
+    cudaStream_t raw = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking) == cudaSuccess);
+    {
+      std::vector<ParamPtr> params = test::muon_adamw_model();
+      for (ParamPtr& p : params) p->data = p->data.to(Device::cuda(0));
+      Muon muon(Stream::borrow(raw, Device::cuda(0)));
+      AdamW adamw(Stream::borrow(raw, Device::cuda(0)));
+      muon.add_param_group({params[1], params[3]});
+      adamw.add_param_group({params[0], params[2]});
+      std::vector<std::pair<std::string, std::unique_ptr<SwapOptimizer>>> members;
+      members.emplace_back("muon", swap_muon(muon));
+      members.emplace_back("adamw", swap_adamw(adamw));
+      CHECK_NOTHROW(SwapOptimizerSet(std::move(members)));
+    }
+    REQUIRE(cudaStreamDestroy(raw) == cudaSuccess);
+  }
+
   TEST_CASE("a thread with no CUDA context keeps none after swapopt's ops, and its selected device is untouched") {
     void* get_current = nullptr;
     cudaDriverEntryPointQueryResult found{};

@@ -81,8 +81,9 @@ class SwapOptimizer {
    *  writer has written it (state kept on the device is copied to the host here). The writer
    *  checksums the whole state before it writes any of it, so the first offloads after this call
    *  wait for that pass. A save still running is waited for first (and its failure thrown here).
-   *  A failure is thrown by the next step() (before it changes anything), save_async() or
-   *  wait_save(), once. save_checkpoint() and the loads wait for a running save first. */
+   *  A failure is thrown, once, by the first step() that begins after the writer failed (before
+   *  it changes anything; a step beginning while the writer runs goes ahead), save_async() or
+   *  wait_save(). save_checkpoint() and the loads wait for a running save first. */
   void save_async(const std::string& path);
   /** Blocks until the last save_async() has committed its file; throws its failure. */
   void wait_save();

@@ -18,7 +18,8 @@ class SwapOptimizerSet {
   /** A member's name and its wrapper. */
   using Member = std::pair<std::string, std::unique_ptr<SwapOptimizer>>;
   /** `members`: a unique name each (letters, digits, '_' and '-'; the checkpoint's tensor prefix)
-   *  and its wrapper; all on one stream. Throws "[swap] ..." naming what is wrong. */
+   *  and its wrapper; all on one stream (the same handle: one Stream, or borrow() wrappers of one
+   *  cudaStream_t). Throws "[swap] ..." naming what is wrong. */
   explicit SwapOptimizerSet(std::vector<Member> members);
   /** Waits for a save_async() still writing (its failure, if any, is dropped). */
   ~SwapOptimizerSet();
