@@ -194,10 +194,20 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   // rank before any of them starts the update's collectives (which would wait for it). Every rank
   // must step the same HSDP params: the packing of update_sharded depends on it, and an owner
   // without a grad would leave its replicas' param as it was while theirs has a grad.
-  // Each group's options and step count go in too, as the 64 bits of a digest (a bit's count is 0
-  // or every rank when all agree): ranks stepping a shard with another lr would leave a param
-  // that no single-process step computes.
+  // The groups, their options and step counts go in too, as the 64 bits of one digest (a bit's
+  // count is 0 or every rank when all agree; one digest, so that every rank sends as many values
+  // whatever its groups): ranks stepping a shard with another lr would leave a param that no
+  // single-process step computes. An error describing them counts as a failed local check.
   Communicator& world = mesh_groups_->world();
+  std::string groups;
+  try {
+    groups = std::to_string(param_groups().size()) + (param_groups().size() == 1 ? " group" : " groups");
+    for (size_t g = 0; g < param_groups().size(); ++g)
+      groups += "; group " + std::to_string(g) + ": steps taken " + std::to_string(param_groups()[g].step) +
+                ", options " + group_options_json(g);
+  } catch (...) {
+    if (!local_failure) local_failure = std::current_exception();
+  }
   std::vector<const Param*> params;
   std::vector<float> counts = {local_failure ? 1.f : 0.f};
   for (const HsdpAssignment& a : schedule_)
@@ -205,23 +215,18 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
       params.push_back(p);
       counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
-  const size_t digests_at = counts.size();
-  for (size_t g = 0; g < param_groups().size(); ++g) {
-    const uint64_t digest = fnv1a_64(group_options_json(g) + " step " + std::to_string(param_groups()[g].step));
-    for (int bit = 0; bit < 64; ++bit) counts.push_back(float((digest >> bit) & 1));
-  }
+  const size_t digest_at = counts.size();
+  const uint64_t digest = fnv1a_64(groups);
+  for (int bit = 0; bit < 64; ++bit) counts.push_back(float((digest >> bit) & 1));
   counts = sum_over_step_ranks(std::move(counts));
   if (local_failure) std::rethrow_exception(local_failure);
   SWAPOPT_CHECK(counts[0] == 0.f, "[Muon] the step's checks failed on " << counts[0] << " of " << world.size()
                                                                         << " ranks (their errors say why): the step "
                                                                            "changed nothing");
-  for (size_t g = 0; g < param_groups().size(); ++g) {
-    const auto bits = counts.begin() + std::ptrdiff_t(digests_at + 64 * g);
-    SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
-                  "[Muon] group " << g << "'s options or step count differ between the ranks (this rank: steps taken "
-                                  << param_groups()[g].step << ", options " << group_options_json(g)
-                                  << "): every HSDP rank must step with the same options");
-  }
+  const auto bits = counts.begin() + std::ptrdiff_t(digest_at);
+  SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
+                "[Muon] the ranks' param groups, options or step counts differ (this rank: "
+                    << groups << "): every HSDP rank must step the same groups with the same options");
   for (size_t i = 0; i < params.size(); ++i)
     SWAPOPT_CHECK(counts[i + 1] == 0.f || counts[i + 1] == float(world.size()),
                   "[Muon] '" << params[i]->name << "' has a grad on " << counts[i + 1] << " of " << world.size()

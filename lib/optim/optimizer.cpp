@@ -109,6 +109,7 @@ bool Optimizer::grads_nonfinite_locally() {
 }
 
 void Optimizer::apply_schedule() {
+  check_step_counts();  // before the schedule counts one more
   if (schedule_) schedule_(groups_.empty() ? 1 : groups_.front().step + 1);
 }
 
@@ -327,10 +328,15 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
     return data.defined() && !data.is_released() ? data.data_ptr() : nullptr;
   };
   const auto nbytes_of = [](const Tensor& data) { return data.defined() ? data.nbytes() : size_t(0); };
+  // The marks hold for the optimizers checked together: a check of fewer (one half of a
+  // MuonWithAdamW) says nothing of memory shared with the others.
+  const std::vector<const Optimizer*> scope(optimizers.begin(), optimizers.end());
   bool moved = false;
-  for (const Optimizer* o : optimizers)
+  for (const Optimizer* o : optimizers) {
+    moved = moved || o->disjoint_scope_ != scope;
     for (const ParamRecord& r : o->records_)
       moved = moved || r.checked_begin != begin_of(r.param->data) || r.checked_nbytes != nbytes_of(r.param->data);
+  }
   if (!moved) return;
   std::vector<const Param*> params;
   std::string who;
@@ -339,11 +345,13 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
     who += (who.empty() ? "" : "+") + o->name_;
   }
   check_disjoint_params(params, who);
-  for (const Optimizer* o : optimizers)
+  for (Optimizer* o : optimizers) {
+    o->disjoint_scope_ = scope;
     for (const ParamRecord& r : o->records_) {
       r.checked_begin = begin_of(r.param->data);
       r.checked_nbytes = nbytes_of(r.param->data);
     }
+  }
 }
 
 void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks) {

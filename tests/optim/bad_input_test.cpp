@@ -962,8 +962,9 @@ TEST_SUITE("bad input") {
 
   TEST_CASE("2-rank HSDP: ranks stepping with different options fail on both ranks with nothing changed") {
     const std::string prefix =
-        "[Muon] group 0's options or step count differ between the ranks (this rank: steps taken ";
-    const std::string suffix = "): every HSDP rank must step with the same options";
+        "[Muon] the ranks' param groups, options or step counts differ (this rank: 1 group; group 0: steps taken 1, "
+        "options {";
+    const std::string suffix = "}): every HSDP rank must step the same groups with the same options";
     bare_and_swapped_on_two_ranks(
         [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
             std::string& unchanged) {
@@ -992,6 +993,37 @@ TEST_SUITE("bad input") {
           }
           CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
         });
+  }
+
+  TEST_CASE("2-rank HSDP: a param group on one rank only, or a bad option JSON cannot hold, fails on both ranks") {
+    const std::string prefix = "[Muon] the ranks' param groups, options or step counts differ (this rank: ";
+    const TwoRankOutcome extra = on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "groups", false);
+          if (rank == 1) r.muon.add_param_group({make_param("extra", test::random_tensor({4, 4}, DType::f32, 9))});
+          set_grads(r.params, 1);
+          const std::string before = r.snap();
+          error = error_of([&] { r.step(); });
+          unchanged = r.snap() == before ? "yes" : "no";
+        });
+    CHECK(extra.errors[0].rfind(prefix + "1 group; group 0: steps taken 0, options {", 0) == 0);
+    CHECK(extra.errors[1].rfind(prefix + "2 groups; group 0: steps taken 0, options {", 0) == 0);
+    CHECK(extra.unchanged == std::vector<std::string>{"yes", "yes"});
+    // A bad option whose text the digest's JSON cannot hold: that rank's checks fail, it still
+    // joins the agreement (describing its groups would throw), and the step fails on both.
+    const TwoRankOutcome text = on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          ReplicatedMuon r(rank, comm, "text", false);
+          if (rank == 1) r.muon.mutable_options(0).zero_rms_scale_mode = "\xff";
+          set_grads(r.params, 1);
+          const std::string before = r.snap();
+          error = error_of([&] { r.step(); });
+          unchanged = r.snap() == before ? "yes" : "no";
+        });
+    CHECK(text.errors[0] ==
+          "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed nothing");
+    CHECK(text.errors[1] == "[Muon] group 0: zero_rms_scale_mode must be 'zero' or 'use_lr', got '\xff'");
+    CHECK(text.unchanged == std::vector<std::string>{"yes", "yes"});
   }
 
   TEST_CASE("2-rank HSDP skipping non-finite steps: a failure one rank's stream holds fails the step on both ranks") {
@@ -1507,6 +1539,20 @@ TEST_SUITE("bad input") {
         CHECK(state() == expected);
         for (size_t i = 0; i < params.size(); ++i) CHECK(test::same_bits(params[i]->data, reference[i]->data));
       }
+    // A check of one half alone passes (the alias spans both halves) and must not hide it from the
+    // next step of both, bare or swapped.
+    for (const bool swap : {false, true}) {
+      CAPTURE(swap);
+      std::vector<ParamPtr> params = model(true);
+      MuonWithAdamW pair(Stream(Device::cpu()), params);
+      std::unique_ptr<SwapOptimizerSet> set = swap ? swap_muon_with_adamw(pair, {.min_numel = 1}) : nullptr;
+      const auto step = [&] { set ? set->step() : pair.step(); };
+      set_grads(params, 1);
+      step();
+      params[1]->data = params[3]->data.view({1024}).narrow(0, 960, 64);
+      CHECK_NOTHROW(set ? set->member("adamw").optimizer().check_step() : pair.adamw().check_step());
+      CHECK(error_of(step) == "[Muon+AdamW] parameters 'w2' and 'bias'" + shared);
+    }
   }
 
   TEST_CASE("run_step refuses another wrapper's plan, changing nothing") {

@@ -323,6 +323,7 @@ class Optimizer {
   /** A step's check that the params of `optimizers`, stepped as one, share no memory: rerun only
    *  when some param's `data` points elsewhere than at the last check (re-pointing is allowed). */
   static void check_moved_params_disjoint(std::span<Optimizer* const> optimizers);
+  std::vector<const Optimizer*> disjoint_scope_;  // the optimizers its params were last checked with
   /** What the optimizer knows of each param, by param_index(). */
   struct ParamRecord {
     const Param* param;
