@@ -201,7 +201,11 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   Communicator& world = mesh_groups_->world();
   std::string groups;
   try {
-    groups = std::to_string(param_groups().size()) + (param_groups().size() == 1 ? " group" : " groups");
+    // The settings that add collectives to a step come first: ranks differing there would issue
+    // different collectives after this one.
+    groups = std::string("skip_nonfinite ") + (skip_nonfinite() ? "on" : "off") + ", device budget " +
+             (votes_on_budget() ? "set" : "unset") + "; " + std::to_string(param_groups().size()) +
+             (param_groups().size() == 1 ? " group" : " groups");
     for (size_t g = 0; g < param_groups().size(); ++g)
       groups += "; group " + std::to_string(g) + ": steps taken " + std::to_string(param_groups()[g].step) +
                 ", options " + group_options_json(g);
@@ -225,8 +229,8 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
                                                                            "changed nothing");
   const auto bits = counts.begin() + std::ptrdiff_t(digest_at);
   SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
-                "[Muon] the ranks' param groups, options or step counts differ (this rank: "
-                    << groups << "): every HSDP rank must step the same groups with the same options");
+                "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: "
+                    << groups << "): every HSDP rank must step the same groups with the same options and settings");
   for (size_t i = 0; i < params.size(); ++i)
     SWAPOPT_CHECK(counts[i + 1] == 0.f || counts[i + 1] == float(world.size()),
                   "[Muon] '" << params[i]->name << "' has a grad on " << counts[i + 1] << " of " << world.size()

@@ -43,6 +43,7 @@ SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConf
   adapter_->validate(config);
   runtime_.build(adapter_->slot_layout(keys_), adapter_->optimizer());
   optimizer().set_wrapped(true);
+  optimizer().votes_on_budget_ = config.device_budget_bytes.has_value();
 }
 
 SwapOptimizer::~SwapOptimizer() {
@@ -53,6 +54,7 @@ SwapOptimizer::~SwapOptimizer() {
     std::fprintf(stderr, "swapopt: returning the swapped state to the optimizer failed: %s\n", e.what());
   }
   optimizer().set_wrapped(false);
+  optimizer().votes_on_budget_ = false;
 }
 
 void SwapOptimizer::step() {

@@ -54,6 +54,11 @@ SwapOptimizerSet::SwapOptimizerSet(std::vector<Member> members) : members_(std::
         all.push_back(p.get());
       }
   check_disjoint_params(all, "swap");
+  // A set votes on the budget for all its members when one has one (SwapOptimizerSet::step).
+  const bool budgeted = std::any_of(members_.begin(), members_.end(), [](const Member& m) {
+    return m.second->runtime().config().device_budget_bytes.has_value();
+  });
+  for (Member& m : members_) m.second->optimizer().votes_on_budget_ = budgeted;
   last_to_run_ = members_.size() - 1;
 }
 

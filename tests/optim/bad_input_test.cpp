@@ -962,9 +962,9 @@ TEST_SUITE("bad input") {
 
   TEST_CASE("2-rank HSDP: ranks stepping with different options fail on both ranks with nothing changed") {
     const std::string prefix =
-        "[Muon] the ranks' param groups, options or step counts differ (this rank: 1 group; group 0: steps taken 1, "
-        "options {";
-    const std::string suffix = "}): every HSDP rank must step the same groups with the same options";
+        "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: skip_nonfinite off, "
+        "device budget unset; 1 group; group 0: steps taken 1, options {";
+    const std::string suffix = "}): every HSDP rank must step the same groups with the same options and settings";
     bare_and_swapped_on_two_ranks(
         [&](int rank, const std::shared_ptr<Communicator>& comm, bool swap, std::string& error,
             std::string& unchanged) {
@@ -996,7 +996,10 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE("2-rank HSDP: a param group on one rank only, or a bad option JSON cannot hold, fails on both ranks") {
-    const std::string prefix = "[Muon] the ranks' param groups, options or step counts differ (this rank: ";
+    const std::string prefix =
+        "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: skip_nonfinite off, "
+        "device "
+        "budget ";
     const TwoRankOutcome extra = on_two_ranks(
         [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
           ReplicatedMuon r(rank, comm, "groups", false);
@@ -1006,9 +1009,24 @@ TEST_SUITE("bad input") {
           error = error_of([&] { r.step(); });
           unchanged = r.snap() == before ? "yes" : "no";
         });
-    CHECK(extra.errors[0].rfind(prefix + "1 group; group 0: steps taken 0, options {", 0) == 0);
-    CHECK(extra.errors[1].rfind(prefix + "2 groups; group 0: steps taken 0, options {", 0) == 0);
+    CHECK(extra.errors[0].rfind(prefix + "unset; 1 group; group 0: steps taken 0, options {", 0) == 0);
+    CHECK(extra.errors[1].rfind(prefix + "unset; 2 groups; group 0: steps taken 0, options {", 0) == 0);
     CHECK(extra.unchanged == std::vector<std::string>{"yes", "yes"});
+    // A device budget on one rank's wrapper only: that rank alone would vote on its plan.
+    const TwoRankOutcome budget = on_two_ranks([&](int rank, const std::shared_ptr<Communicator>& comm,
+                                                   std::string& error, std::string& unchanged) {
+      ReplicatedMuon r(rank, comm, "budget", false);
+      auto swapped = swap_muon(
+          r.muon,
+          {.min_numel = 1, .device_budget_bytes = rank == 1 ? std::optional<size_t>(size_t(1) << 30) : std::nullopt});
+      set_grads(r.params, 1);
+      const std::string before = snapshot(r.muon, r.params, swapped.get());
+      error = error_of([&] { swapped->step(); });
+      unchanged = snapshot(r.muon, r.params, swapped.get()) == before ? "yes" : "no";
+    });
+    CHECK(budget.errors[0].rfind(prefix + "unset; 1 group;", 0) == 0);
+    CHECK(budget.errors[1].rfind(prefix + "set; 1 group;", 0) == 0);
+    CHECK(budget.unchanged == std::vector<std::string>{"yes", "yes"});
     // A bad option whose text the digest's JSON cannot hold: that rank's checks fail, it still
     // joins the agreement (describing its groups would throw), and the step fails on both.
     const TwoRankOutcome text = on_two_ranks(

@@ -173,6 +173,8 @@ class Optimizer {
    *  non-finite value reaches a checkpoint. */
   std::string metadata_json() const;
  protected:
+  /** Whether the wrapper (or set) that steps this optimizer votes on a device budget each step. */
+  bool votes_on_budget() const { return votes_on_budget_; }
   /** Checks `checkpoint` against this optimizer; returns the change that applies it,
    *  `write_tensor` being how each checked tensor reaches the state (the swap wrapper reads into
    *  host mirrors). Nothing changes until the returned function runs. */
@@ -298,6 +300,9 @@ class Optimizer {
    *  change state (AdamW::update_params, Muon::update_params and the like) are refused on a
    *  wrapped optimizer, except as the adapter's calls inside the wrapper's step. */
   bool in_swapped_step_ = false;
+  /** Set by the swap wrapper (or the set) that steps this optimizer: whether its steps vote on
+   *  whether the plan fits a device budget (an all-reduce under HSDP, so every rank must). */
+  bool votes_on_budget_ = false;
   /** The schedule set_schedule() gave; empty: none. apply_schedule() calls it. */
   std::function<void(int64_t)> schedule_;
   /** set_skip_nonfinite()'s flag. */
