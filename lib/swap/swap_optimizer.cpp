@@ -146,13 +146,15 @@ void SwapOptimizer::synchronize() {
 }
 
 void SwapOptimizer::prefetch_early() {
-  std::vector<UpdateUnit> units = adapter_->plan_units(true);
-  runtime_.attach_slots(units, optimizer(), false);
+  std::vector<UpdateUnit> units;
   std::vector<size_t> batch_sizes;
   try {
+    units = adapter_->plan_units(true);
+    runtime_.attach_slots(units, optimizer(), false);
     batch_sizes = runtime_.plan_batches(units, adapter_->partition_costs(units));
   } catch (const Error&) {
-    // A budget the plan does not fit: step() says so, after the ranks agree on it (under HSDP a
+    // A plan that cannot be made (a budget it does not fit, a param whose data no longer has its
+    // shape): step() names the error after its checks, and under HSDP after the ranks agree (a
     // rank throwing here alone would leave the others waiting in that vote).
     return;
   }

@@ -1573,6 +1573,29 @@ TEST_SUITE("bad input") {
     }
   }
 
+  TEST_CASE(
+      "prefetch_early with a param whose data lost its shape prefetches nothing; step() names it, changing nothing") {
+    std::vector<ParamPtr> params = model(false);
+    Muon muon(Stream(Device::cpu()));
+    muon.add_param_group(params);
+    auto swapped = swap_muon(muon, {.min_numel = 1});
+    set_grads(params, 1);
+    swapped->step();
+    set_grads(params, 2);
+    const Tensor own = params[1]->data;
+    params[1]->data = Tensor::zeros({16 * 48}, DType::f32, Device::cpu());
+    const std::string before = snapshot(muon, params, swapped.get());
+    CHECK_NOTHROW(swapped->prefetch_early());
+    CHECK(
+        error_of([&] { swapped->step(); }) ==
+        "[Muon] parameter 'w1' is Tensor(f32, [768], cpu), its state was laid out for f32 [16, 48]: data may point at "
+        "another buffer of that shape and dtype, not be reshaped or cast");
+    CHECK(snapshot(muon, params, swapped.get()) == before);
+    params[1]->data = own;
+    swapped->prefetch_early();
+    CHECK_NOTHROW(swapped->step());
+  }
+
   TEST_CASE("run_step refuses another wrapper's plan, changing nothing") {
     std::vector<ParamPtr> first_params = test::muon_adamw_model(), second_params = test::muon_adamw_model();
     AdamW first(Stream(Device::cpu())), second(Stream(Device::cpu()));

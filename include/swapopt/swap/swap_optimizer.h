@@ -54,7 +54,8 @@ class SwapOptimizer {
   /** Starts the H2D of the next step's first batch(es) now, e.g. while the last layers' backward
    *  runs, planned as if every param will have a gradient; step() continues from there when the
    *  plan holds, and otherwise redoes those copies. Results are bitwise the same either way. A
-   *  device budget the plan does not fit prefetches nothing (step() names the error). A
+   *  plan that cannot be made (a device budget it does not fit, a param whose data has another
+   *  shape) prefetches nothing and throws nothing: step() names the error. A
    *  step() that throws its checks keeps the prefetch for the next step(); calling prefetch_early()
    *  again before that step adds nothing. */
   void prefetch_early();
