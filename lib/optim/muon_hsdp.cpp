@@ -194,21 +194,22 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   // rank before any of them starts the update's collectives (which would wait for it). Every rank
   // must step the same HSDP params: the packing of update_sharded depends on it, and an owner
   // without a grad would leave its replicas' param as it was while theirs has a grad.
-  // The groups, their options and step counts go in too, as the 64 bits of one digest (a bit's
-  // count is 0 or every rank when all agree; one digest, so that every rank sends as many values
-  // whatever its groups): ranks stepping a shard with another lr would leave a param that no
-  // single-process step computes. An error describing them counts as a failed local check.
+  // The step's settings, the groups, their options and step counts go in too, as the 64 bits of
+  // one digest (a bit's count is 0 or every rank when all agree; one digest, so that every rank
+  // sends as many values whatever its groups): ranks stepping a shard with another lr would leave
+  // a param that no single-process step computes. An error describing them counts as a failed
+  // local check.
   Communicator& world = mesh_groups_->world();
-  std::string groups;
+  std::string setup;
   try {
     // The settings that add collectives to a step come first: ranks differing there would issue
     // different collectives after this one.
-    groups = std::string("skip_nonfinite ") + (skip_nonfinite() ? "on" : "off") + ", device budget " +
-             (votes_on_budget() ? "set" : "unset") + "; " + std::to_string(param_groups().size()) +
-             (param_groups().size() == 1 ? " group" : " groups");
+    setup = std::string("skip_nonfinite ") + (skip_nonfinite() ? "on" : "off") + ", device budget " +
+            (votes_on_budget() ? "set" : "unset") + "; " + std::to_string(param_groups().size()) +
+            (param_groups().size() == 1 ? " group" : " groups");
     for (size_t g = 0; g < param_groups().size(); ++g)
-      groups += "; group " + std::to_string(g) + ": steps taken " + std::to_string(param_groups()[g].step) +
-                ", options " + group_options_json(g);
+      setup += "; group " + std::to_string(g) + ": steps taken " + std::to_string(param_groups()[g].step) +
+               ", options " + group_options_json(g);
   } catch (...) {
     if (!local_failure) local_failure = std::current_exception();
   }
@@ -220,7 +221,7 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
       counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
   const size_t digest_at = counts.size();
-  const uint64_t digest = fnv1a_64(groups);
+  const uint64_t digest = fnv1a_64(setup);
   for (int bit = 0; bit < 64; ++bit) counts.push_back(float((digest >> bit) & 1));
   counts = sum_over_step_ranks(std::move(counts));
   if (local_failure) std::rethrow_exception(local_failure);
@@ -230,7 +231,7 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   const auto bits = counts.begin() + std::ptrdiff_t(digest_at);
   SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
                 "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: "
-                    << groups << "): every HSDP rank must step the same groups with the same options and settings");
+                    << setup << "): every HSDP rank must step the same groups with the same options and settings");
   for (size_t i = 0; i < params.size(); ++i)
     SWAPOPT_CHECK(counts[i + 1] == 0.f || counts[i + 1] == float(world.size()),
                   "[Muon] '" << params[i]->name << "' has a grad on " << counts[i + 1] << " of " << world.size()

@@ -347,7 +347,7 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
   check_disjoint_params(params, who);
   for (Optimizer* o : optimizers) {
     o->disjoint_scope_ = scope;
-    for (const ParamRecord& r : o->records_) {
+    for (ParamRecord& r : o->records_) {
       r.checked_begin = begin_of(r.param->data);
       r.checked_nbytes = nbytes_of(r.param->data);
     }

@@ -255,8 +255,9 @@ class Muon : public Optimizer {
   /** Also: no shard without HSDP. */
   void check_step_locally() override;
   /** Under HSDP, one all-reduce over the mesh: the local failures, per HSDP param the ranks
-   *  holding its grad (every rank steps the same HSDP params), and a digest of the groups,
-   *  their options and step counts (every rank steps the same ones alike). */
+   *  holding its grad (every rank steps the same HSDP params), and a digest of the settings that
+   *  add collectives to a step (skip_nonfinite, a device budget), the groups, their options and
+   *  step counts (every rank steps the same ones alike). */
   void agree_on_checks(std::exception_ptr local_failure) override;
   // The bodies of the public update pieces, for the calls of a step, bare or swapped (its checks
   // covered them): the public ones first check that the params are of `group`, a hash lookup per

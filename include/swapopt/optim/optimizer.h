@@ -342,8 +342,8 @@ class Optimizer {
     DType dtype = DType::f32;
     /** Where `data` was when a step last checked that no two params share memory (null: not
      *  checked yet): a step whose params all stay put skips that check. */
-    mutable const void* checked_begin = nullptr;
-    mutable size_t checked_nbytes = 0;
+    const void* checked_begin = nullptr;
+    size_t checked_nbytes = 0;
   };
   std::vector<ParamRecord> records_;
   /** Throws unless `param`'s data has the shape and dtype fixed in `record`, or, not fixed yet,
