@@ -187,7 +187,7 @@ std::vector<float> Muon::sum_over_step_ranks(std::vector<float> values) {
 
 bool Muon::spans_ranks() const { return hsdp_enabled() && mesh_groups_->world().size() > 1; }
 
-void Muon::agree_on_checks(std::exception_ptr local_failure) {
+void Muon::agree_on_checks(std::exception_ptr local_failure, bool skips_nonfinite) {
   if (!spans_ranks()) return;
   // One all-reduce over the mesh: how many ranks failed their local checks, and per HSDP param how
   // many hold its grad (exact in f32). A check failing on one rank then fails the step on every
@@ -204,7 +204,7 @@ void Muon::agree_on_checks(std::exception_ptr local_failure) {
   try {
     // The settings that add collectives to a step come first: ranks differing there would issue
     // different collectives after this one.
-    setup = std::string("skip_nonfinite ") + (skip_nonfinite() ? "on" : "off") + ", device budget " +
+    setup = std::string("skip_nonfinite ") + (skips_nonfinite ? "on" : "off") + ", device budget " +
             (votes_on_budget() ? "set" : "unset") + "; " + std::to_string(param_groups().size()) +
             (param_groups().size() == 1 ? " group" : " groups");
     for (size_t g = 0; g < param_groups().size(); ++g)

@@ -362,7 +362,10 @@ void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std
   } catch (...) {
     failure = std::current_exception();
   }
-  for (Optimizer* o : optimizers) o->agree_on_checks(failure);  // one spanning ranks throws any failure
+  const bool skips_nonfinite =
+      std::any_of(optimizers.begin(), optimizers.end(), [](const Optimizer* o) { return o->skip_nonfinite_; });
+  for (Optimizer* o : optimizers)
+    o->agree_on_checks(failure, skips_nonfinite);  // one spanning ranks throws any failure
   if (failure) std::rethrow_exception(failure);
 }
 

@@ -995,7 +995,9 @@ TEST_SUITE("bad input") {
         });
   }
 
-  TEST_CASE("2-rank HSDP: a param group on one rank only, or a bad option JSON cannot hold, fails on both ranks") {
+  TEST_CASE(
+      "2-rank HSDP: a param group, a budget or skip_nonfinite on one rank only, or a bad option JSON cannot hold, "
+      "fails on both ranks") {
     const std::string prefix =
         "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: skip_nonfinite off, "
         "device "
@@ -1027,6 +1029,27 @@ TEST_SUITE("bad input") {
     CHECK(budget.errors[0].rfind(prefix + "unset; 1 group;", 0) == 0);
     CHECK(budget.errors[1].rfind(prefix + "set; 1 group;", 0) == 0);
     CHECK(budget.unchanged == std::vector<std::string>{"yes", "yes"});
+    // MuonWithAdamW skipping non-finite steps through its AdamW half on rank 0 only: that rank
+    // alone would vote on the grads of both halves.
+    const TwoRankOutcome half = on_two_ranks(
+        [&](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          std::vector<ParamPtr> params = model(true);
+          replicate_matrices(params, rank);
+          MuonWithAdamW opt(Stream(Device::cpu()), params);
+          opt.muon().enable_hsdp(comm, HsdpOptions{.name = "half"});
+          if (rank == 0) opt.adamw().set_skip_nonfinite(true);
+          set_grads(params, 1);
+          const std::string before = snapshot(opt.muon(), params, nullptr) + snapshot(opt.adamw(), params, nullptr);
+          error = error_of([&] { opt.step(); });
+          unchanged =
+              snapshot(opt.muon(), params, nullptr) + snapshot(opt.adamw(), params, nullptr) == before ? "yes" : "no";
+        });
+    CHECK(half.errors[0].rfind(
+              "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: skip_nonfinite on, "
+              "device budget unset; 1 group;",
+              0) == 0);
+    CHECK(half.errors[1].rfind(prefix + "unset; 1 group;", 0) == 0);
+    CHECK(half.unchanged == std::vector<std::string>{"yes", "yes"});
     // A bad option whose text the digest's JSON cannot hold: that rank's checks fail, it still
     // joins the agreement (describing its groups would throw), and the step fails on both.
     const TwoRankOutcome text = on_two_ranks(

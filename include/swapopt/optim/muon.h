@@ -256,9 +256,10 @@ class Muon : public Optimizer {
   void check_step_locally() override;
   /** Under HSDP, one all-reduce over the mesh: the local failures, per HSDP param the ranks
    *  holding its grad (every rank steps the same HSDP params), and a digest of the settings that
-   *  add collectives to a step (skip_nonfinite, a device budget), the groups, their options and
+   *  add collectives to a step (skip_nonfinite of any optimizer stepped with this one, a device
+   *  budget), the groups, their options and
    *  step counts (every rank steps the same ones alike). */
-  void agree_on_checks(std::exception_ptr local_failure) override;
+  void agree_on_checks(std::exception_ptr local_failure, bool skips_nonfinite) override;
   // The bodies of the public update pieces, for the calls of a step, bare or swapped (its checks
   // covered them): the public ones first check that the params are of `group`, a hash lookup per
   // param.

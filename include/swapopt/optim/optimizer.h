@@ -200,8 +200,10 @@ class Optimizer {
   virtual void check_step_locally();
   /** After every local check of a step, `local_failure` their first error or null: an optimizer
    *  whose steps span ranks has them agree (collective) and throws on every rank when a check
-   *  failed on any (this rank's own error where it failed); the others do nothing. */
-  virtual void agree_on_checks(std::exception_ptr /*local_failure*/) {}
+   *  failed on any (this rank's own error where it failed); the others do nothing.
+   *  `skips_nonfinite`: whether any optimizer stepped with this one skips non-finite steps (then
+   *  the step votes on its grads, a collective every rank must reach alike). */
+  virtual void agree_on_checks(std::exception_ptr /*local_failure*/, bool /*skips_nonfinite*/) {}
   /** Runs `local_checks` (this rank's checks of one step of `optimizers`, stepped as one), catching
    *  its error, then has every optimizer agree_on_checks() before the error is rethrown: every
    *  rank reaches the same collectives and throws or passes alike. */
