@@ -131,6 +131,23 @@ licence_and_soname() {
   find "$work/root" -path '*/doc/swapopt/LICENSE' | grep -q .
 }
 check "licence and SONAME installed" licence_and_soname
+# The install moved elsewhere (a relocated package or a copied prefix, the staging root deleted):
+# pkg-config's paths follow the .pc file, and the programs still find the library.
+moved_prefix() {
+  local prefix_dir pc cflags libs libdir train
+  prefix_dir=$(dirname "$(dirname "$(find "$work/root" -path '*/include/swapopt' -type d | head -1)")")
+  mkdir -p "$work/moved" && mv "$prefix_dir" "$work/moved/swapopt-0" && rm -rf "$work/root" || return 1
+  pc=$(dirname "$(find "$work/moved" -name swapopt.pc | head -1)")
+  cflags=$(PKG_CONFIG_PATH="$pc" pkg-config --cflags swapopt) || return 1
+  libs=$(PKG_CONFIG_PATH="$pc" pkg-config --libs swapopt) || return 1
+  libdir=$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir swapopt)
+  echo "moved: pkg-config --cflags --libs swapopt: $cflags $libs"
+  c++ -std=c++20 "$work/main.cpp" $cflags -o "$work/consumer-moved" $libs -Wl,-rpath,"$libdir" \
+    >"$work/moved.log" 2>&1 || { tail -20 "$work/moved.log"; return 1; }
+  train=$(find "$work/moved" -name swapopt-train -type f | head -1)
+  env -u LD_LIBRARY_PATH "$work/consumer-moved" && env -u LD_LIBRARY_PATH "$train" --help >/dev/null
+}
+check "installed prefix moved" moved_prefix
 
 rm -rf "$work"
 echo "tests: $passed passed, $failed failed, 0 skipped"
