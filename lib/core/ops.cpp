@@ -8,8 +8,8 @@
 #include "../cpu/cpu_ops.h"
 #include "../cuda/cuda_backend.h"
 #include "matrix_layout.h"
+#include "operand_overlap.h"
 #include "swapopt/core/error.h"
-#include "view_span.h"
 
 namespace swapopt {
 
@@ -57,23 +57,10 @@ void check_matmul_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, cons
   SWAPOPT_CHECK(c.is_contiguous(), "[" << op << "] output " << c.str() << " must be contiguous");
 }
 
-/** The bytes from x's first to one past its last addressed element; empty for no elements. */
-std::pair<const char*, const char*> byte_span(const Tensor& x) {
-  // A tensor's view was checked when it was made, so its span fits.
-  const int64_t bytes = *view_span(x.shape(), x.strides(), x.element_size()) * int64_t(x.element_size());
-  if (bytes == 0) return {nullptr, nullptr};
-  const char* begin = static_cast<const char*>(x.data_ptr());
-  return {begin, begin + bytes};
-}
-
 /** A product writes its output while it reads its inputs: they must not share memory. */
 void check_output_apart(const Tensor& out, const Tensor& in, const char* op, const char* name) {
-  const auto [out_begin, out_end] = byte_span(out);
-  const auto [in_begin, in_end] = byte_span(in);
-  SWAPOPT_CHECK(
-      out_begin == nullptr || in_begin == nullptr ||
-          !(std::less<>()(out_begin, in_end) && std::less<>()(in_begin, out_end)),
-      "[" << op << "] out_c shares memory with " << name << " (a product writes its output while it reads its inputs)");
+  SWAPOPT_CHECK(!spans_overlap(out, in), "[" << op << "] out_c shares memory with " << name
+                                             << " (a product writes its output while it reads its inputs)");
 }
 
 /** The product of the leading dims (1 for a matrix or fewer dims): also for matrices of 0 rows or
@@ -134,6 +121,7 @@ void scale(Stream& stream, const Tensor& x, float alpha) {
 
 void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tensor& out_y) {
   check_elementwise(stream, x, out_y, "axpby");
+  check_operands_apart("axpby", {{out_y, "y"}}, {{x, "x"}});
   if (stream.device().is_cpu()) {
     cpu::axpby(stream, alpha, x, beta, out_y);
   } else {
@@ -143,6 +131,7 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
 
 void lerp(Stream& stream, const Tensor& out_a, const Tensor& b, float weight) {
   check_elementwise(stream, b, out_a, "lerp");
+  check_operands_apart("lerp", {{out_a, "a"}}, {{b, "b"}});
   if (stream.device().is_cpu()) {
     cpu::lerp(stream, out_a, b, weight);
   } else {
@@ -156,6 +145,7 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
   SWAPOPT_CHECK(x.is_contiguous(), "[frobenius_norm] x " << x.str() << " must be contiguous");
   SWAPOPT_CHECK(out_norms.dtype() == DType::f32 && out_norms.is_contiguous() && out_norms.numel() == matrices_in(x),
                 "[frobenius_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got " << out_norms.str());
+  check_operands_apart("frobenius_norm", {{out_norms, "norms"}}, {{x, "x"}});
   if (x.numel() == 0) {  // matrices without elements (or none): norms of 0
     fill_zero(stream, out_norms);
     return;
@@ -177,6 +167,7 @@ void flag_nonfinite(Stream& stream, const Tensor& x, const Tensor& out_flag) {
   SWAPOPT_CHECK(x.is_contiguous(), "[flag_nonfinite] x " << x.str() << " must be contiguous");
   SWAPOPT_CHECK(out_flag.dtype() == DType::f32 && out_flag.numel() == 1,
                 "[flag_nonfinite] flag must be one f32 element, got " << out_flag.str());
+  check_operands_apart("flag_nonfinite", {{out_flag, "flag"}}, {{x, "x"}});
   if (x.numel() == 0) return;
   if (stream.device().is_cpu()) {
     cpu::flag_nonfinite(stream, x, out_flag);
@@ -192,6 +183,7 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
   SWAPOPT_CHECK(norms.dtype() == DType::f32 && norms.is_contiguous() && norms.numel() == matrices_in(x),
                 "[scale_by_inverse_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got "
                                                                              << norms.str());
+  check_operands_apart("scale_by_inverse_norm", {{x, "x"}}, {{norms, "norms"}});
   if (x.numel() == 0) return;
   if (stream.device().is_cpu()) {
     cpu::scale_by_inverse_norm(stream, x, norms, eps);
@@ -202,6 +194,7 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
 
 void cast(Stream& stream, const Tensor& src, const Tensor& out_dst) {
   check_elementwise(stream, src, out_dst, "cast");
+  check_operands_apart("cast", {{out_dst, "dst"}}, {{src, "src"}});
   if (stream.device().is_cpu()) {
     cpu::cast(stream, src, out_dst);
   } else {
@@ -214,10 +207,14 @@ void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
   SWAPOPT_CHECK(!src.is_released() && !out_dst.is_released(), "[copy] released storage: " << src.str() << " -> " << out_dst.str());
   SWAPOPT_CHECK(src.shape() == out_dst.shape() && src.dtype() == out_dst.dtype(),
                 "[copy] " << src.str() << " -> " << out_dst.str() << ": shape and dtype must match");
+  check_operands_apart("copy", {{out_dst, "dst"}}, {{src, "src"}});
+  // The same view (what check_operands_apart lets through): nothing to copy, and memcpy's
+  // buffers must not overlap.
+  const bool same_view = src.data_ptr() == out_dst.data_ptr();
   const bool on_cuda = src.device().is_cuda() || out_dst.device().is_cuda();
   if (!on_cuda) {
     SWAPOPT_CHECK(stream.device().is_cpu(), "[copy] a host-to-host copy needs a CPU stream, got " << stream.device().str());
-    cpu::copy(stream, src, out_dst);
+    if (!same_view) cpu::copy(stream, src, out_dst);
     return;
   }
   const Device cuda_side = src.device().is_cuda() ? src.device() : out_dst.device();
@@ -231,7 +228,7 @@ void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
                   "[copy] strided copies on a CUDA device need unit stride in the last of at least 2 dims: "
                       << src.str() << " -> " << out_dst.str());
   }
-  cuda::copy(stream, src, out_dst);
+  if (!same_view) cuda::copy(stream, src, out_dst);
 }
 
 void fill_zero(Stream& stream, const Tensor& out_x) {

@@ -1,6 +1,7 @@
 // Argument checks for the fused optimizer ops, then dispatch on the stream's device.
 #include "swapopt/optim/optim_ops.h"
 
+#include "../core/operand_overlap.h"
 #include "../cpu/cpu_ops.h"
 #include "../cuda/cuda_backend.h"
 #include "swapopt/core/error.h"
@@ -25,6 +26,12 @@ void check_adamw(const Stream& stream, const Tensor& out_param, const Tensor& gr
   if (out_max_exp_avg_sq.defined()) check_same(stream, out_param, out_max_exp_avg_sq, op, "max_exp_avg_sq");
   for (const Tensor* t : {&out_exp_avg, &out_exp_avg_sq, &out_max_exp_avg_sq})
     SWAPOPT_CHECK(!t->defined() || t->dtype() == DType::f32, "[" << op << "] state must be f32, got " << t->str());
+  check_operands_apart(op,
+                       {{out_param, "param"},
+                        {out_exp_avg, "exp_avg"},
+                        {out_exp_avg_sq, "exp_avg_sq"},
+                        {out_max_exp_avg_sq, "max_exp_avg_sq"}},
+                       {{grad, "grad"}});
 }
 }  // namespace
 
@@ -34,6 +41,7 @@ void muon_momentum(Stream& stream, const Tensor& grad, const Tensor& out_buf, co
   check_same(stream, grad, grad, op, "grad");
   check_same(stream, grad, out_buf, op, "momentum_buffer");
   check_same(stream, grad, out_update, op, "update");
+  check_operands_apart(op, {{out_buf, "momentum_buffer"}, {out_update, "update"}}, {{grad, "grad"}});
   if (stream.device().is_cpu()) {
     cpu::muon_momentum(stream, grad, out_buf, out_update, m1, m2, nesterov);
   } else {

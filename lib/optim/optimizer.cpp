@@ -224,6 +224,10 @@ void Optimizer::check_layout(const Param& p, const ParamRecord& record) const {
                     << ": data may point at another buffer of that shape and dtype, not be reshaped or cast");
 }
 
+void Optimizer::check_layouts() const {
+  for (const ParamRecord& record : records_) check_layout(*record.param, record);
+}
+
 void Optimizer::check_in_group(size_t group, std::span<const Param* const> params, const char* call) const {
   SWAPOPT_CHECK(group < groups_.size(),
                 "[" << name_ << "] " << call << ": no group " << group << " (" << groups_.size() << " groups)");
@@ -503,13 +507,13 @@ std::function<void()> Optimizer::prepare_load(
     SWAPOPT_CHECK(param_steps.back() >= 0, "[checkpoint] negative param step " << param_steps.back());
   }
   // The tensors are checked against each param's data below: a param whose layout is fixed must
-  // still have it (a load cannot re-lay out state, the swap wrapper's mirrors least of all).
-  for (size_t i = 0; i < by_index.size(); ++i) {
+  // still have it (a load cannot re-lay out state, the swap wrapper's mirrors least of all), and
+  // one the load fixes must be a shape this optimizer takes.
+  for (size_t i = 0; i < by_index.size(); ++i)
     SWAPOPT_CHECK(i < records_.size() && records_[i].param == by_index[i],
                   "[" << name_ << "] parameter '" << by_index[i]->name
                       << "' was put into param_groups() directly: add params with add_param_group()");
-    if (records_[i].fixed) check_layout(*by_index[i], records_[i]);
-  }
+  check_layouts();
   const PreparedOptions options = prepare_group_options(options_json);
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);

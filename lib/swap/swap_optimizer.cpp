@@ -40,6 +40,7 @@ SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConf
       keys_(resolve_keys(*adapter_, adapter_->optimizer(), config)),
       runtime_(adapter_->optimizer().stream(), config) {
   SWAPOPT_CHECK(!optimizer().wrapped(), "[swap] " << optimizer().name() << " is already wrapped by a SwapOptimizer");
+  optimizer().check_layouts();  // the wrapper fixes them
   adapter_->validate(config);
   runtime_.build(adapter_->slot_layout(keys_), adapter_->optimizer());
   optimizer().set_wrapped(true);

@@ -193,6 +193,51 @@ TEST_CASE("copy handles strided sources and checks its arguments") {
                        "[copy] Tensor(f32, [3, 2], cpu) -> Tensor(f32, [2, 3], cpu): shape and dtype must match", Error);
 }
 
+TEST_CASE("elementwise and fused ops refuse outputs overlapping another argument, except the very same view") {
+  Stream s(Device::cpu());
+  const std::vector<float> start = test::random_tensor({16}, DType::f32, 5).to_float_vector();
+  const Tensor t = Tensor::from_floats(start, {16});
+  const Tensor head = t.narrow(0, 0, 8), shifted = t.narrow(0, 4, 8), tail = t.narrow(0, 8, 8);
+  const std::string partial =
+      " share memory without being the same view: an input may be written in place only as "
+      "the very same view, and must otherwise be apart from the outputs";
+  CHECK_THROWS_WITH_AS(ops::copy(s, head, shifted), ("[copy] dst and src" + partial).c_str(), Error);
+  CHECK_THROWS_WITH_AS(ops::axpby(s, 1.f, head, 1.f, shifted), ("[axpby] y and x" + partial).c_str(), Error);
+  CHECK_THROWS_WITH_AS(ops::lerp(s, shifted, head, 0.5f), ("[lerp] a and b" + partial).c_str(), Error);
+  CHECK_THROWS_WITH_AS(ops::cast(s, head, shifted), ("[cast] dst and src" + partial).c_str(), Error);
+  // The bytes of 4 f32 read as 8 bf16: the same address, another view.
+  const Tensor as_bf16 = Tensor::on_storage(t.storage(), 0, {8}, DType::bf16);
+  CHECK_THROWS_WITH_AS(ops::cast(s, head.narrow(0, 0, 8), as_bf16), ("[cast] dst and src" + partial).c_str(), Error);
+  const Tensor norms = Tensor::zeros({1}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(ops::frobenius_norm(s, t.view({4, 4}), t.narrow(0, 3, 1)),
+                       ("[frobenius_norm] norms and x" + partial).c_str(), Error);
+  CHECK_THROWS_WITH_AS(ops::scale_by_inverse_norm(s, t.view({4, 4}), t.narrow(0, 3, 1), 1e-7f),
+                       ("[scale_by_inverse_norm] x and norms" + partial).c_str(), Error);
+  const Tensor other = test::random_tensor({8}, DType::f32, 6), m = Tensor::zeros({8}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(ops::muon_momentum(s, other, head, shifted, 0.9f, 0.9f, false),
+                       "[muon_momentum] momentum_buffer and update share memory: an op's outputs must not overlap",
+                       Error);
+  CHECK_THROWS_WITH_AS(ops::muon_momentum(s, shifted, head, m, 0.9f, 0.9f, false),
+                       ("[muon_momentum] momentum_buffer and grad" + partial).c_str(), Error);
+  const ops::AdamWScalars scalars{};
+  CHECK_THROWS_WITH_AS(ops::adamw_update(s, m, other, head, shifted, Tensor(), scalars),
+                       "[adamw_update] exp_avg and exp_avg_sq share memory: an op's outputs must not overlap", Error);
+  const ops::AdamWUpdate update{tail, shifted, m, Tensor::zeros({8}, DType::f32, Device::cpu()), Tensor(), scalars};
+  CHECK_THROWS_WITH_AS(ops::adamw_update_many(s, {&update, 1}),
+                       ("[adamw_update_many] param and grad" + partial).c_str(), Error);
+  s.synchronize();
+  CHECK(t.to_float_vector() == start);  // nothing ran
+  // Disjoint views and the very same view (in place) are fine; a copy onto itself does nothing.
+  ops::copy(s, head, tail);
+  ops::copy(s, t, t);
+  ops::axpby(s, 2.f, head, 1.f, head);
+  s.synchronize();
+  std::vector<float> want = start;
+  for (size_t i = 0; i < 8; ++i) want[8 + i] = start[i];
+  for (size_t i = 0; i < 8; ++i) want[i] = formula::axpby(2.f, start[i], 1.f, start[i]);
+  CHECK(t.to_float_vector() == want);
+}
+
 TEST_CASE("ops reject bad arguments with the operation and the values") {
   Stream s(Device::cpu());
   Tensor a = Tensor::zeros({3, 4}, DType::f32, Device::cpu());

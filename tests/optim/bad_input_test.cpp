@@ -766,6 +766,34 @@ TEST_SUITE("bad input") {
       }
   }
 
+  TEST_CASE("a Muon param re-pointed at 1-D data before its layout is fixed: a load or a swap wrapper refuses it") {
+    Stream stream(Device::cpu());
+    Muon saved(stream);
+    ParamPtr w = make_param("w", test::random_tensor({4, 4}, DType::f32, 1));
+    saved.add_param_group({w});
+    w->grad = test::random_tensor({4, 4}, DType::f32, 2);
+    saved.step();
+    StateDict state = saved.state_dict();
+    state.tensors["state.0.momentum_buffer"] = Tensor::zeros({16}, DType::f32, Device::cpu());
+    const std::string message = "[Muon] 1-D parameter 'w' (shape [16]) cannot use Muon";
+    for (bool load : {true, false}) {
+      CAPTURE(load);
+      Muon muon(stream);
+      ParamPtr p = make_param("w", test::random_tensor({4, 4}, DType::f32, 1));
+      muon.add_param_group({p});
+      p->data = test::random_tensor({16}, DType::f32, 3);  // no step yet: its layout is not fixed
+      const std::string before = snapshot(muon, {p}, nullptr);
+      CHECK(error_of([&] { load ? muon.load_state_dict(state) : void(swap_muon(muon, {.min_numel = 1})); }) == message);
+      CHECK(snapshot(muon, {p}, nullptr) == before);
+      CHECK(!muon.wrapped());
+      // Pointed back at a matrix, the param steps as a fresh one.
+      p->data = test::random_tensor({4, 4}, DType::f32, 1);
+      p->grad = test::random_tensor({4, 4}, DType::f32, 2);
+      muon.step();
+      CHECK(muon.param_groups()[0].step == 1);
+    }
+  }
+
   TEST_CASE(
       "a Muon file from before swapopt 0.4 (every param step 0) loads, each param with state stepped with its group") {
     for (bool swap : {false, true}) {

@@ -6,6 +6,10 @@
  * other streams with events. Arguments named out_* are written; all others are only read.
  * Math runs in f32 whatever the storage dtype; results are rounded to nearest even on store.
  * Errors in arguments (shapes, dtypes, devices, layouts) throw swapopt::Error at the call.
+ * The elementwise and fused ops may write an input in place only as the very same view (same
+ * address, dtype, shape and strides); any other memory an output shares with another argument
+ * throws ("[axpby] y and x share memory without being the same view ..."). A copy onto its own
+ * view does nothing.
  * Results are the same every run on one machine; on the CPU a GEMM's bits may depend on the
  * OpenMP thread count (Eigen's blocking), so compare runs across processes at one thread count.
  */

@@ -193,6 +193,8 @@ class Optimizer {
   friend class SwapOptimizerSet;
   /** Calls the schedule, if any, with the number of the step about to run. */
   void apply_schedule();
+  /** check_layout() of every param: before a load or a swap wrapper fixes their layouts. */
+  void check_layouts() const;
   /** What the optimizer requires of a param's shape while it is not fixed (ParamRecord::fixed):
    *  checked when added and at each step until fixed. */
   virtual void check_unfixed_shape(const Param& /*param*/) const {}
