@@ -145,8 +145,11 @@ class NcclWork final : public Work {
     // A backstop for a stream held by something outside the waits (see make_nccl_communicator).
     const nccl::Clock::time_point unstarted_limit = nccl::Clock::now() + 4 * timeout_;
     for (;;) {
-      if (reached(done_.get())) return;
-      state_->check(what_);  // an asynchronous NCCL error (or an earlier abort) ends the wait
+      // An asynchronous NCCL error (or an earlier abort) ends the wait: also where the completion
+      // was reached, since an abort ends the collective's kernels without finishing them.
+      const bool done = reached(done_.get());
+      state_->check(what_);
+      if (done) return;
       const nccl::Clock::time_point now = nccl::Clock::now();
       if (!deadline_) {
         if (reached(started_.get())) {

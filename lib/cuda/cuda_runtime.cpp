@@ -72,29 +72,28 @@ class CudaDeviceAllocator final : public Allocator {
   }
   MemoryStats stats() const override { return counter_.stats(); }
   void reset_peak() override { counter_.reset_peak(); }
-  /** Raises the release threshold of the device's default pool (the one cudaMallocAsync draws
-   *  from): freed memory up to it stays in the pool across synchronisations instead of going back
-   *  to the OS and being mapped again at the next allocation. The driver is called only to raise. */
+  /** Raises the release threshold of the pool cudaMallocAsync draws from (the device's current
+   *  pool: the default one, or the trainer's from cudaDeviceSetMemPool) so that freed memory up to
+   *  `bytes` stays in the pool across synchronisations instead of going back to the OS and being
+   *  mapped again at the next allocation. The threshold counts all the pool holds, in use or
+   *  freed, so it is raised to what is in use now plus `bytes`; never lowered. */
   void retain_freed(size_t bytes) override {
     std::lock_guard<std::mutex> lock(retain_mutex_);
-    if (bytes <= retained_) return;
     DeviceGuard guard(index_);
     cudaMemPool_t pool = nullptr;
-    SWAPOPT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
-    cuuint64_t threshold = 0;
+    SWAPOPT_CUDA_CHECK(cudaDeviceGetMemPool(&pool, index_));
+    cuuint64_t used = 0, threshold = 0;
+    SWAPOPT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
     SWAPOPT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-    if (threshold < bytes) {  // the trainer may have set a higher one: never lower it
-      threshold = bytes;
-      SWAPOPT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-    }
-    retained_ = bytes;
+    cuuint64_t wanted = used + bytes;
+    if (threshold < wanted)  // the trainer may have set a higher one: never lower it
+      SWAPOPT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &wanted));
   }
 
  private:
   int index_;
   ByteCounter counter_;
   std::mutex retain_mutex_;
-  size_t retained_ = 0;  // the largest retain_freed() so far
 };
 
 class PinnedAllocator final : public Allocator {

@@ -37,8 +37,9 @@ class Allocator {
   /** Sets peak to current. */
   virtual void reset_peak() = 0;
   /** Keeps up to `bytes` of freed memory for reuse instead of handing it back to the system (CUDA:
-   *  the device's default pool's release threshold; CPU backend: freed blocks of 1 MiB and more).
-   *  Only ever raised; the counters do not include what is kept. Default: nothing kept. */
+   *  the release threshold of the device's current pool, raised to what is in use plus `bytes`;
+   *  CPU backend: freed blocks of 1 MiB and more). Only ever raised; the counters do not include
+   *  what is kept. Default: nothing kept. */
   virtual void retain_freed(size_t bytes) { (void)bytes; }
 };
 

@@ -32,10 +32,10 @@ struct SwapConfig {
    *  workspace plus two chunks of 32 elements is a named error. */
   std::optional<size_t> device_budget_bytes{};
   /** Keep the staging arenas' memory for the next step instead of giving it back after each one
-   *  (Allocator::retain_freed with their bytes: on CUDA the device pool's release threshold, never
-   *  lowered). Each step then reuses memory already mapped; but the pool keeps it reserved while
-   *  the trainer runs forward and backward, where only allocations from the same pool can use it.
-   *  Off by default: the point of swapping is to leave that memory to the trainer. */
+   *  (Allocator::retain_freed with their bytes: on CUDA the release threshold of the device's
+   *  current pool, raised to what is in use plus the arenas, never lowered). Each step then reuses memory already
+   * mapped; but the pool keeps it reserved while the trainer runs forward and backward, where only allocations from the
+   * same pool can use it. Off by default: the point of swapping is to leave that memory to the trainer. */
   bool retain_arenas = false;
 
   /** Throws "[swap] swap_times must be positive, got 0", "[swap] state key 'exp_avg' is listed
