@@ -1,5 +1,6 @@
 #include "operand_overlap.h"
 
+#include <array>
 #include <functional>
 
 #include "swapopt/core/error.h"
@@ -9,35 +10,47 @@ namespace swapopt {
 
 std::pair<const char*, const char*> byte_span(const Tensor& x) {
   // A tensor's view was checked when it was made, so its span fits.
-  const int64_t bytes = *view_span(x.shape(), x.strides(), x.element_size()) * int64_t(x.element_size());
-  if (bytes == 0) return {nullptr, nullptr};
+  const int64_t elements = x.is_contiguous() ? x.numel() : *view_span(x.shape(), x.strides(), 1);
+  if (elements == 0) return {nullptr, nullptr};
   const char* begin = static_cast<const char*>(x.data_ptr());
-  return {begin, begin + bytes};
-}
-
-bool spans_overlap(const Tensor& x, const Tensor& y) {
-  const auto [x_begin, x_end] = byte_span(x);
-  const auto [y_begin, y_end] = byte_span(y);
-  return x_begin != nullptr && y_begin != nullptr && std::less<>()(x_begin, y_end) && std::less<>()(y_begin, x_end);
+  return {begin, begin + elements * int64_t(x.element_size())};
 }
 
 namespace {
+using Span = std::pair<const char*, const char*>;
+
+bool overlap(const Span& x, const Span& y) {
+  return x.first != nullptr && y.first != nullptr && std::less<>()(x.first, y.second) &&
+         std::less<>()(y.first, x.second);
+}
+
 bool same_view(const Tensor& x, const Tensor& y) {
   return x.data_ptr() == y.data_ptr() && x.dtype() == y.dtype() && x.shape() == y.shape() && x.strides() == y.strides();
 }
+
+Span span_if_defined(const Tensor& x) { return x.defined() ? byte_span(x) : Span{nullptr, nullptr}; }
 }  // namespace
+
+bool spans_overlap(const Tensor& x, const Tensor& y) { return overlap(byte_span(x), byte_span(y)); }
 
 void check_operands_apart(const char* op, std::initializer_list<NamedOperand> outputs,
                           std::initializer_list<NamedOperand> inputs) {
-  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
-    if (!out->tensor.defined()) continue;
-    for (auto other = std::next(out); other != outputs.end(); ++other)
-      SWAPOPT_CHECK(!other->tensor.defined() || !spans_overlap(out->tensor, other->tensor),
-                    "[" << op << "] " << out->name << " and " << other->name
-                        << " share memory: an op's outputs must not overlap");
-    for (const NamedOperand& in : inputs)
-      SWAPOPT_CHECK(!in.tensor.defined() || !spans_overlap(out->tensor, in.tensor) || same_view(out->tensor, in.tensor),
-                    "[" << op << "] " << out->name << " and " << in.name
+  // Each span once: the fused ops check every tensor of a list of thousands.
+  constexpr size_t kMost = 8;
+  SWAPOPT_CHECK(outputs.size() + inputs.size() <= kMost, "[" << op << "] too many operands to check");
+  std::array<Span, kMost> spans;
+  size_t n = 0;
+  for (const NamedOperand& o : outputs) spans[n++] = span_if_defined(o.tensor);
+  for (const NamedOperand& i : inputs) spans[n++] = span_if_defined(i.tensor);
+  const NamedOperand* const out = outputs.begin();
+  const NamedOperand* const in = inputs.begin();
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    for (size_t other = o + 1; other < outputs.size(); ++other)
+      SWAPOPT_CHECK(!overlap(spans[o], spans[other]), "[" << op << "] " << out[o].name << " and " << out[other].name
+                                                          << " share memory: an op's outputs must not overlap");
+    for (size_t i = 0; i < inputs.size(); ++i)
+      SWAPOPT_CHECK(!overlap(spans[o], spans[outputs.size() + i]) || same_view(out[o].tensor, in[i].tensor),
+                    "[" << op << "] " << out[o].name << " and " << in[i].name
                         << " share memory without being the same view: an input may be written in place only as "
                            "the very same view, and must otherwise be apart from the outputs");
   }

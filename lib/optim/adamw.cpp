@@ -8,6 +8,7 @@
 #include "../core/comma_list.h"
 #include "group_options.h"
 #include "json.h"
+#include "optim_ops_of_optimizer.h"
 #include "swapopt/core/error.h"
 #include "swapopt/optim/optim_ops.h"
 
@@ -91,7 +92,7 @@ void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
     }
     updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars});
   }
-  ops::adamw_update_many(stream_, updates);
+  ops::adamw_update_many_of_optimizer(stream_, updates);
   for (ParamState* state : states) state->step += 1;
 }
 

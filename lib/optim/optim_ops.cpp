@@ -4,6 +4,7 @@
 #include "../core/operand_overlap.h"
 #include "../cpu/cpu_ops.h"
 #include "../cuda/cuda_backend.h"
+#include "optim_ops_of_optimizer.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt::ops {
@@ -18,7 +19,8 @@ void check_same(const Stream& stream, const Tensor& ref, const Tensor& t, const 
 }
 
 void check_adamw(const Stream& stream, const Tensor& out_param, const Tensor& grad, const Tensor& out_exp_avg,
-                 const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const char* op) {
+                 const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const char* op,
+                 bool check_apart = true) {
   check_same(stream, out_param, out_param, op, "param");
   check_same(stream, out_param, grad, op, "grad");
   check_same(stream, out_param, out_exp_avg, op, "exp_avg");
@@ -26,6 +28,7 @@ void check_adamw(const Stream& stream, const Tensor& out_param, const Tensor& gr
   if (out_max_exp_avg_sq.defined()) check_same(stream, out_param, out_max_exp_avg_sq, op, "max_exp_avg_sq");
   for (const Tensor* t : {&out_exp_avg, &out_exp_avg_sq, &out_max_exp_avg_sq})
     SWAPOPT_CHECK(!t->defined() || t->dtype() == DType::f32, "[" << op << "] state must be f32, got " << t->str());
+  if (!check_apart) return;
   check_operands_apart(op,
                        {{out_param, "param"},
                         {out_exp_avg, "exp_avg"},
@@ -60,14 +63,24 @@ void adamw_update(Stream& stream, const Tensor& out_param, const Tensor& grad, c
   }
 }
 
-void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates) {
+namespace {
+void run_adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates, bool check_apart) {
   for (const AdamWUpdate& u : updates)
-    check_adamw(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, "adamw_update_many");
+    check_adamw(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, "adamw_update_many", check_apart);
   if (stream.device().is_cpu()) {
     cpu::adamw_update_many(stream, updates);
   } else {
     cuda::adamw_update_many(stream, updates);
   }
+}
+}  // namespace
+
+void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates) {
+  run_adamw_update_many(stream, updates, true);
+}
+
+void adamw_update_many_of_optimizer(Stream& stream, std::span<const AdamWUpdate> updates) {
+  run_adamw_update_many(stream, updates, false);
 }
 
 }  // namespace swapopt::ops
