@@ -1,6 +1,8 @@
 #include "swapopt/core/dtensor.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "swapopt/core/error.h"
 
@@ -10,6 +12,10 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> name
     : shape_(std::move(shape)), names_(std::move(names)), rank_(rank) {
   SWAPOPT_CHECK(!shape_.empty(), "[DeviceMesh] needs at least one dim");
   SWAPOPT_CHECK(names_.size() == shape_.size(), "[DeviceMesh] " << names_.size() << " names for " << shape_.size() << " dims");
+  for (size_t i = 0; i < names_.size(); ++i)
+    SWAPOPT_CHECK(
+        std::find(names_.begin(), names_.begin() + std::ptrdiff_t(i), names_[i]) == names_.begin() + std::ptrdiff_t(i),
+        "[DeviceMesh] dim name '" << names_[i] << "' is given twice: dims are found by name");
   int64_t ranks = 1;
   for (int64_t d : shape_) {
     SWAPOPT_CHECK(d >= 1, "[DeviceMesh] dim sizes must be >= 1, got " << shape_str(shape_));
@@ -26,6 +32,13 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> name
 }
 
 int64_t DeviceMesh::size() const { return shape_numel(shape_); }
+
+int64_t DeviceMesh::size(int64_t dim) const {
+  if (dim < 0 || dim >= ndim())
+    throw std::out_of_range("[DeviceMesh] no mesh dim " + std::to_string(dim) + " (the mesh has " +
+                            std::to_string(ndim()) + (ndim() == 1 ? " dim)" : " dims)"));
+  return shape_[size_t(dim)];
+}
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
   const auto it = std::find(names_.begin(), names_.end(), name);
@@ -58,6 +71,10 @@ Shape DTensor::local_shape_at(const Shape& logical_shape, const DeviceMesh& mesh
         "[DTensor] coordinate " << shape_str(coordinate) << " is outside the mesh " << shape_str(mesh.shape()));
   for (int64_t d : logical_shape)
     SWAPOPT_CHECK(d >= 0, "[DTensor] negative dim in logical shape " << shape_str(logical_shape));
+  int64_t elements = 1;
+  for (int64_t d : logical_shape)
+    SWAPOPT_CHECK(!__builtin_mul_overflow(elements, d, &elements),
+                  "[DTensor] logical shape " << shape_str(logical_shape) << " has more elements than an int64 counts");
   Shape shape = logical_shape;
   Shape start(logical_shape.size(), 0);
   for (size_t m = 0; m < placements.size(); ++m) {
@@ -66,9 +83,11 @@ Shape DTensor::local_shape_at(const Shape& logical_shape, const DeviceMesh& mesh
     SWAPOPT_CHECK(d >= 0 && d < int64_t(shape.size()),
                   "[DTensor] " << placements[m].str() << " out of range for logical shape " << shape_str(logical_shape));
     const int64_t parts = mesh.size(int64_t(m));
-    const int64_t chunk = (shape[size_t(d)] + parts - 1) / parts;
-    const int64_t begin = std::min(shape[size_t(d)], chunk * coordinate[m]);
-    const int64_t end = std::min(shape[size_t(d)], begin + chunk);
+    const int64_t extent = shape[size_t(d)];
+    const int64_t chunk = extent / parts + (extent % parts != 0 ? 1 : 0);  // ceil, without overflow
+    int64_t begin = extent;  // past the end where chunk * coordinate overflows
+    if (!__builtin_mul_overflow(chunk, coordinate[m], &begin)) begin = std::min(extent, begin);
+    const int64_t end = begin + std::min(chunk, extent - begin);
     start[size_t(d)] += begin;
     shape[size_t(d)] = end - begin;
   }

@@ -9,6 +9,7 @@
 #include "../cuda/cuda_backend.h"
 #include "matrix_layout.h"
 #include "operand_overlap.h"
+#include "ops_between_allocations.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -202,12 +203,24 @@ void cast(Stream& stream, const Tensor& src, const Tensor& out_dst) {
   }
 }
 
-void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
+namespace {
+/** ops::copy (`check_apart`) or copy_between_allocations. */
+void copy_checked(Stream& stream, const Tensor& src, const Tensor& out_dst, bool check_apart);
+}  // namespace
+
+void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) { copy_checked(stream, src, out_dst, true); }
+
+void copy_between_allocations(Stream& stream, const Tensor& src, const Tensor& out_dst) {
+  copy_checked(stream, src, out_dst, false);
+}
+
+namespace {
+void copy_checked(Stream& stream, const Tensor& src, const Tensor& out_dst, bool check_apart) {
   SWAPOPT_CHECK(src.defined() && out_dst.defined(), "[copy] undefined tensor");
   SWAPOPT_CHECK(!src.is_released() && !out_dst.is_released(), "[copy] released storage: " << src.str() << " -> " << out_dst.str());
   SWAPOPT_CHECK(src.shape() == out_dst.shape() && src.dtype() == out_dst.dtype(),
                 "[copy] " << src.str() << " -> " << out_dst.str() << ": shape and dtype must match");
-  check_operands_apart("copy", {{out_dst, "dst"}}, {{src, "src"}});
+  if (check_apart) check_operands_apart("copy", {{out_dst, "dst"}}, {{src, "src"}});
   // The same view (what check_operands_apart lets through): nothing to copy, and memcpy's
   // buffers must not overlap.
   const bool same_view = src.data_ptr() == out_dst.data_ptr();
@@ -230,6 +243,7 @@ void copy(Stream& stream, const Tensor& src, const Tensor& out_dst) {
   }
   if (!same_view) cuda::copy(stream, src, out_dst);
 }
+}  // namespace
 
 void fill_zero(Stream& stream, const Tensor& out_x) {
   check_on_stream(stream, out_x, "fill_zero", "x");

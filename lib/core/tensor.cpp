@@ -1,5 +1,6 @@
 #include "swapopt/core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -21,8 +22,11 @@ std::string shape_str(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;  // whatever the other dims
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    SWAPOPT_CHECK(!__builtin_mul_overflow(n, d, &n),
+                  "[shape] " << shape_str(shape) << " has more elements than an int64 counts");
   return n;
 }
 
@@ -111,14 +115,16 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DT
 Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype) {
   check_shape(shape, "Tensor::on_storage", dtype);
   SWAPOPT_CHECK(storage != nullptr, "[Tensor::on_storage] null storage");
+  SWAPOPT_CHECK(offset >= 0, "[Tensor::on_storage] offset " << offset << " is negative");
+  const size_t elements = storage->nbytes() / dtype_size(dtype);
+  SWAPOPT_CHECK(size_t(offset) <= elements, "[Tensor::on_storage] offset "
+                                                << offset << " is past the end of a storage of " << elements << " "
+                                                << dtype_name(dtype) << " elements");
   // Both terms are below 2^63 bytes (the offset checked against the storage, the shape above).
-  const size_t end = offset >= 0 && size_t(offset) <= storage->nbytes() / dtype_size(dtype)
-                         ? (size_t(offset) + size_t(shape_numel(shape))) * dtype_size(dtype)
-                         : SIZE_MAX;
-  SWAPOPT_CHECK(offset >= 0 && end <= storage->nbytes(), "[Tensor::on_storage] view " << shape_str(shape) << " at offset "
-                                                                                       << offset << " needs " << end
-                                                                                       << " bytes, storage has "
-                                                                                       << storage->nbytes());
+  const size_t end = (size_t(offset) + size_t(shape_numel(shape))) * dtype_size(dtype);
+  SWAPOPT_CHECK(end <= storage->nbytes(), "[Tensor::on_storage] view " << shape_str(shape) << " at offset " << offset
+                                                                       << " needs " << end << " bytes, storage has "
+                                                                       << storage->nbytes());
   Tensor t;
   t.storage_ = std::move(storage);
   t.offset_ = offset;

@@ -15,6 +15,9 @@
 namespace swapopt {
 
 void AdamWOptions::validate() const {
+  check_fits_f32(lr, "lr", "AdamW");
+  check_fits_f32(eps, "eps", "AdamW");
+  check_fits_f32(weight_decay, "weight_decay", "AdamW");
   SWAPOPT_CHECK(std::isfinite(lr) && lr >= 0, "[AdamW] lr must be finite and >= 0, got " << lr);
   SWAPOPT_CHECK(std::isfinite(eps) && eps >= 0, "[AdamW] eps must be finite and >= 0, got " << eps);
   SWAPOPT_CHECK(std::isfinite(beta1) && beta1 >= 0 && beta1 < 1, "[AdamW] beta1 must be in [0, 1), got " << beta1);

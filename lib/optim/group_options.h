@@ -1,12 +1,23 @@
 #pragma once
 // Validated setters over an optimizer's per-group options (internal; Muon and AdamW share them).
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "swapopt/core/error.h"
 
 namespace swapopt {
+
+/** Throws "[AdamW] lr 1e+39 is beyond the f32 range the updates compute in (at most 3.40282e+38)"
+ *  for a finite option that turns infinite in f32. */
+inline void check_fits_f32(double value, const char* name, const char* optimizer) {
+  SWAPOPT_CHECK(!std::isfinite(value) || std::isfinite(float(value)),
+                "[" << optimizer << "] " << name << " " << value
+                    << " is beyond the f32 range the updates compute in (at most " << std::numeric_limits<float>::max()
+                    << ")");
+}
 
 /** Replaces group `group`'s options after validating them and calling `fits_state(options)`, a
  *  check the optimizer's state puts on them; nothing changes on a bad value. */

@@ -18,6 +18,7 @@ void check_unit_interval(double v, const char* name) {
 }
 
 void check_non_negative(double v, const char* name) {
+  check_fits_f32(v, name, "Muon");
   SWAPOPT_CHECK(std::isfinite(v) && v >= 0.0, "[Muon] " << name << " must be finite and >= 0, got " << v);
 }
 

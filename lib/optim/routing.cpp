@@ -106,6 +106,9 @@ RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRule
 MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params, MuonOptions muon_options,
                              AdamWOptions adamw_options, const RoutingRules& rules, MuonHooks hooks)
     : muon_(std::make_unique<Muon>(stream, std::move(hooks))), adamw_(std::make_unique<AdamW>(stream)) {
+  // Both options, also of a half no param is routed to (a bad value is a mistake either way).
+  muon_options.validate();
+  adamw_options.validate();
   // Each half checks its own params; these checks span both (one checkpoint names them all, and
   // a Muon param sharing memory with an AdamW one would be updated by both).
   std::unordered_set<std::string> names;

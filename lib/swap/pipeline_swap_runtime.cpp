@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/ops_between_allocations.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
@@ -131,7 +132,7 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
   if (!adopted.empty()) {
     compute_mark_.record(compute_);
     d2h_.wait(compute_mark_);
-    for (SwapSlot* slot : adopted) ops::copy(d2h_, slot->device, slot->host);
+    for (SwapSlot* slot : adopted) ops::copy_between_allocations(d2h_, slot->device, slot->host);
     d2h_.synchronize();
     for (SwapSlot* slot : adopted) slot->device.storage()->release();
   }
@@ -563,7 +564,7 @@ size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to
       const int64_t elements = int64_t((r.host_end - r.host_begin) / size);
       const Tensor host = Tensor::on_storage(host_buffers_[d], int64_t(r.host_begin / size), {elements}, dtype);
       const Tensor arena = Tensor::on_storage(arenas_[parity][d], int64_t(r.arena_begin / size), {elements}, dtype);
-      ops::copy(to_device ? h2d_ : d2h_, to_device ? host : arena, to_device ? arena : host);
+      ops::copy_between_allocations(to_device ? h2d_ : d2h_, to_device ? host : arena, to_device ? arena : host);
       bytes += r.host_end - r.host_begin;
       ++(to_device ? report_.h2d_copies : report_.d2h_copies);
     }
@@ -580,7 +581,7 @@ void PipelineSwapRuntime::issue_h2d(Batch& batch, size_t index) {
     h2d_.wait(compute_mark_);
     for (SwapSlot* s : batch.slots) {
       s->device.storage()->restore(&h2d_);
-      ops::copy(h2d_, s->host, s->device);
+      ops::copy_between_allocations(h2d_, s->host, s->device);
       report_.h2d_bytes += s->nbytes();
       ++report_.h2d_copies;
     }
@@ -631,7 +632,7 @@ void PipelineSwapRuntime::issue_d2h(Batch& batch, size_t index) {
   d2h_.wait(compute_mark_);
   if (!batch.staged) {
     for (SwapSlot* s : batch.slots) {
-      ops::copy(d2h_, s->device, s->host);
+      ops::copy_between_allocations(d2h_, s->device, s->host);
       report_.d2h_bytes += s->nbytes();
       ++report_.d2h_copies;
     }
@@ -881,7 +882,7 @@ void PipelineSwapRuntime::return_state() {
   for (const auto& slot : slots_) {
     if (!slot->created) continue;
     slot->device.storage()->restore(&h2d_);
-    ops::copy(h2d_, slot->host, slot->device);
+    ops::copy_between_allocations(h2d_, slot->host, slot->device);
     slot->state = SlotState::device;
   }
   // The compute stream uses the state after these copies; the host waits for the copies alone

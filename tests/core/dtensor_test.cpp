@@ -44,3 +44,18 @@ TEST_CASE("DTensor shards follow the chunk rule and to_local returns the shard")
                        "[DTensor] negative dim in logical shape [-8, 6]", Error);
   CHECK(DTensor::local_shape_at({8, 6}, *mesh, placements, {0, 1}) == Shape{4, 6});
 }
+
+TEST_CASE("meshes and DTensors refuse what they cannot count or name") {
+  CHECK_THROWS_WITH_AS(DeviceMesh({2, 2}, {"a", "a"}, 0),
+                       "[DeviceMesh] dim name 'a' is given twice: dims are found by name", Error);
+  const DeviceMesh mesh({2}, {"shard"}, 1);
+  CHECK_THROWS_WITH_AS(mesh.size(5), "[DeviceMesh] no mesh dim 5 (the mesh has 1 dim)", std::out_of_range);
+  CHECK_THROWS_WITH_AS(mesh.size(-1), "[DeviceMesh] no mesh dim -1 (the mesh has 1 dim)", std::out_of_range);
+  // The chunk rule at the largest extent: ceil(extent / 2) without overflow, the rest on rank 1.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK(DTensor::local_shape_at({big}, mesh, {Placement::Shard(0)}, {1}) == Shape{big - (int64_t(1) << 62)});
+  CHECK(DTensor::local_shape_at({big}, mesh, {Placement::Shard(0)}, {0}) == Shape{int64_t(1) << 62});
+  CHECK_THROWS_WITH_AS(DTensor::local_shape_at({big, 4}, mesh, {Placement::Shard(0)}, {1}),
+                       "[DTensor] logical shape [9223372036854775807, 4] has more elements than an int64 counts",
+                       Error);
+}

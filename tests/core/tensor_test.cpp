@@ -129,3 +129,20 @@ TEST_CASE("CUDA tensors fail with a named error in a build or machine without CU
                          Error);
   }
 }
+
+TEST_CASE("element counts and storage offsets that do not fit are named errors") {
+  const int64_t big = int64_t(1) << 32;
+  CHECK_THROWS_WITH_AS(shape_numel({big, big}),
+                       "[shape] [4294967296, 4294967296] has more elements than an int64 counts", Error);
+  CHECK(shape_numel({int64_t(1) << 62, int64_t(1) << 62, 0}) == 0);
+  CHECK_THROWS_WITH_AS(Tensor::from_floats({}, {big, big}),
+                       "[shape] [4294967296, 4294967296] has more elements than an int64 counts", Error);
+  const Tensor t = Tensor::zeros({16}, DType::f32, Device::cpu());
+  CHECK_THROWS_WITH_AS(Tensor::on_storage(t.storage(), -1, {1}, DType::f32),
+                       "[Tensor::on_storage] offset -1 is negative", Error);
+  CHECK_THROWS_WITH_AS(Tensor::on_storage(t.storage(), 17, {1}, DType::f32),
+                       "[Tensor::on_storage] offset 17 is past the end of a storage of 16 f32 elements", Error);
+  CHECK_THROWS_WITH_AS(Tensor::on_storage(t.storage(), 8, {9}, DType::f32),
+                       "[Tensor::on_storage] view [9] at offset 8 needs 68 bytes, storage has 64", Error);
+  CHECK(Tensor::on_storage(t.storage(), 16, {0}, DType::f32).numel() == 0);
+}

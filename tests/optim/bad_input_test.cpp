@@ -578,6 +578,31 @@ TEST_SUITE("bad input") {
     CHECK(muon.state().at(m2.get()).step == 1);
   }
 
+  TEST_CASE("options finite as doubles but beyond f32, which the updates compute in, are refused") {
+    CHECK(error_of([] { AdamWOptions{.lr = 1e39}.validate(); }) ==
+          "[AdamW] lr 1e+39 is beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(error_of([] { AdamWOptions{.eps = 1e300}.validate(); }) ==
+          "[AdamW] eps 1e+300 is beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(error_of([] { MuonOptions{.weight_decay = 4e38}.validate(); }) ==
+          "[Muon] weight_decay 4e+38 is beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(error_of([] { MuonOptions{.lr = 3e38}.validate(); }).empty());
+    // A group's lr set beyond f32 changes nothing.
+    Subject s(true, false);
+    const std::string before = s.snap();
+    CHECK(error_of([&] { static_cast<AdamW&>(*s.optimizer).set_lr(1e39); }) ==
+          "[AdamW] lr 1e+39 is beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(s.snap() == before);
+  }
+
+  TEST_CASE("MuonWithAdamW: bad options are refused also for a half no param is routed to") {
+    const std::vector<ParamPtr> matrices = {make_param("w", test::random_tensor({4, 4}, DType::f32, 1))};
+    const std::vector<ParamPtr> vectors = {make_param("b", test::random_tensor({4}, DType::f32, 1))};
+    CHECK(error_of([&] { MuonWithAdamW(Stream(Device::cpu()), matrices, {}, AdamWOptions{.lr = std::nan("")}); }) ==
+          "[AdamW] lr must be finite and >= 0, got nan");
+    CHECK(error_of([&] { MuonWithAdamW(Stream(Device::cpu()), vectors, MuonOptions{.lr = -1.0}); }) ==
+          "[Muon] lr must be finite and >= 0, got -1");
+  }
+
   TEST_CASE("MuonWithAdamW: a bad AdamW grad stops Muon's half too") {
     auto params = model(true);
     MuonWithAdamW opt(Stream(Device::cpu()), params);

@@ -11,7 +11,7 @@ namespace swapopt {
  *  row-major index in `shape` is r. Immutable once built. */
 class DeviceMesh {
  public:
-  /** `shape` per mesh dim, `names` one per dim (e.g. {"replicate", "shard"}), `rank` this process's
+  /** `shape` per mesh dim, `names` one per dim and distinct (e.g. {"replicate", "shard"}), `rank` this process's
    *  global rank in [0, product(shape)). */
   DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names, int64_t rank);
 
@@ -19,8 +19,9 @@ class DeviceMesh {
   int64_t ndim() const { return int64_t(shape_.size()); }
   /** Number of ranks: the product of shape(). */
   int64_t size() const;
-  /** Ranks along mesh dim `dim`; throws std::out_of_range for a dim outside [0, ndim()). */
-  int64_t size(int64_t dim) const { return shape_.at(size_t(dim)); }
+  /** Ranks along mesh dim `dim`; throws std::out_of_range "[DeviceMesh] no mesh dim 5 (the mesh
+   *  has 2 dims)" for a dim outside [0, ndim()). */
+  int64_t size(int64_t dim) const;
   /** Ranks along each mesh dim (each >= 1). */
   const std::vector<int64_t>& shape() const { return shape_; }
   /** The name of each mesh dim, as given. */

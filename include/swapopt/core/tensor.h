@@ -19,7 +19,8 @@ using Shape = std::vector<int64_t>;
 
 /** "[3, 517]". */
 std::string shape_str(const Shape& shape);
-/** Product of the dims (1 for a scalar shape []). */
+/** Product of the dims (1 for a scalar shape [], 0 with any dim 0); throws "[shape] [...] has more
+ *  elements than an int64 counts" where the product overflows. */
 int64_t shape_numel(const Shape& shape);
 /** Row-major strides of a contiguous tensor of `shape`. */
 Shape contiguous_strides(const Shape& shape);

@@ -74,7 +74,8 @@ class MuonWithAdamW {
  public:
   /** AdamW's no-decay group gets weight_decay 0 whatever `adamw_options` says. Throws a named
    *  error, before either half takes a param, for a null or undefined param, two params of one name or
-   *  two sharing memory, whichever halves they go to, and for what each half refuses. */
+   *  two sharing memory, whichever halves they go to, for bad options of either half (also one
+   *  no param is routed to), and for what each half refuses. */
   MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params, MuonOptions muon_options = {},
                 AdamWOptions adamw_options = {}, const RoutingRules& rules = {}, MuonHooks hooks = {});
   /** Muon's step, then AdamW's, on the same stream (both checked before either changes anything);
