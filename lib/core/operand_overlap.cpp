@@ -2,22 +2,24 @@
 
 #include <array>
 #include <functional>
+#include <utility>
 
 #include "swapopt/core/error.h"
 #include "view_span.h"
 
 namespace swapopt {
 
-std::pair<const char*, const char*> byte_span(const Tensor& x) {
+namespace {
+using Span = std::pair<const char*, const char*>;
+
+/** The bytes from x's first to one past its last addressed element; {null, null} for no elements. */
+Span byte_span(const Tensor& x) {
   // A tensor's view was checked when it was made, so its span fits.
   const int64_t elements = x.is_contiguous() ? x.numel() : *view_span(x.shape(), x.strides(), 1);
   if (elements == 0) return {nullptr, nullptr};
   const char* begin = static_cast<const char*>(x.data_ptr());
   return {begin, begin + elements * int64_t(x.element_size())};
 }
-
-namespace {
-using Span = std::pair<const char*, const char*>;
 
 bool overlap(const Span& x, const Span& y) {
   return x.first != nullptr && y.first != nullptr && std::less<>()(x.first, y.second) &&
