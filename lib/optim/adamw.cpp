@@ -24,6 +24,9 @@ void AdamWOptions::validate() const {
   SWAPOPT_CHECK(std::isfinite(beta2) && beta2 >= 0 && beta2 < 1, "[AdamW] beta2 must be in [0, 1), got " << beta2);
   SWAPOPT_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
                 "[AdamW] weight_decay must be finite and >= 0, got " << weight_decay);
+  // The step's scalars: 1 - lr wd, and lr / (1 - beta1^step), largest at step 1.
+  check_derived_fits_f32(lr * weight_decay, "lr x weight_decay", "AdamW");
+  check_derived_fits_f32(lr / (1.0 - beta1), "lr / (1 - beta1), the first step's size,", "AdamW");
 }
 
 AdamW::AdamW(Stream stream) : Optimizer("AdamW", std::move(stream)) {}
@@ -193,22 +196,24 @@ Optimizer::PreparedOptions AdamW::prepare_group_options(const std::vector<std::s
   std::vector<AdamWOptions> parsed;
   PreparedOptions prepared;
   for (const std::string& text : options_json) {
-    const json::Value v = json::parse(text);
-    const std::string w = "AdamW options";
-    for (const auto& [key, value] : json::get_object(v, w))
-      SWAPOPT_CHECK(key == "lr" || key == "beta1" || key == "beta2" || key == "eps" || key == "weight_decay" || key == "amsgrad",
-                    "[AdamW] unknown option '" << key << "'");
-    auto number = [&](const std::string& key) { return json::get_number(json::member(v, key, w), key); };
-    AdamWOptions o;
-    o.lr = number("lr");
-    o.beta1 = number("beta1");
-    o.beta2 = number("beta2");
-    o.eps = number("eps");
-    o.weight_decay = number("weight_decay");
-    o.amsgrad = json::get_bool(json::member(v, "amsgrad", w), "amsgrad");
-    validate_checkpoint_group(o, parsed.size());
-    parsed.push_back(o);
-    prepared.group_state_keys.push_back(keys_for(o));
+    parsed.push_back(read_checkpoint_group(parsed.size(), [&] {
+      const json::Value v = json::parse(text);
+      const std::string w = "AdamW options";
+      for (const auto& [key, value] : json::get_object(v, w))
+        SWAPOPT_CHECK(key == "lr" || key == "beta1" || key == "beta2" || key == "eps" || key == "weight_decay" ||
+                          key == "amsgrad",
+                      "[AdamW] unknown option '" << key << "'");
+      auto number = [&](const std::string& key) { return json::get_number(json::member(v, key, w), key); };
+      AdamWOptions o;
+      o.lr = number("lr");
+      o.beta1 = number("beta1");
+      o.beta2 = number("beta2");
+      o.eps = number("eps");
+      o.weight_decay = number("weight_decay");
+      o.amsgrad = json::get_bool(json::member(v, "amsgrad", w), "amsgrad");
+      return o;
+    }));
+    prepared.group_state_keys.push_back(keys_for(parsed.back()));
   }
   prepared.apply = [this, parsed] { options_ = parsed; };
   return prepared;

@@ -1,5 +1,6 @@
 #pragma once
-// The check that no two params share memory (internal; optimizers and MuonWithAdamW use it).
+// The checks that no two params, or grads, share memory (internal; optimizers, MuonWithAdamW and
+// clip_grad_norm use them).
 
 #include <string>
 #include <vector>
@@ -12,5 +13,9 @@ namespace swapopt {
  *  param's update writes its memory, so two over the same bytes would be updated twice (and, in
  *  one fused op, at once). Params without memory (empty or released) share nothing. */
 void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who);
+
+/** Throws "[who] the grads of 'a' and 'b' share memory (...)" if two of `params`' grads overlap
+ *  (contiguous grads; undefined, empty or released ones share nothing). */
+void check_disjoint_grads(const std::vector<const Param*>& params, const std::string& who);
 
 }  // namespace swapopt

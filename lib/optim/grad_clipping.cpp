@@ -1,27 +1,37 @@
 #include "swapopt/optim/grad_clipping.h"
 
 #include <cmath>
+#include <unordered_set>
 
+#include "disjoint_params.h"
+#include "sum_over_ranks.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
-#include "sum_over_ranks.h"
 
 namespace swapopt {
 
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
   SWAPOPT_CHECK(std::isfinite(max_norm) && max_norm > 0, "[clip_grad_norm] max_norm must be finite and > 0, got " << max_norm);
   std::vector<const Param*> with_grad;
+  std::unordered_set<const Param*> seen;
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[clip_grad_norm] null parameter");
-    if (p->has_grad()) with_grad.push_back(p.get());
+    SWAPOPT_CHECK(seen.insert(p.get()).second, "[clip_grad_norm] parameter '"
+                                                   << p->name
+                                                   << "' is listed twice (its grad would be counted and scaled twice)");
+    if (!p->has_grad()) continue;
+    const Tensor& g = p->grad;
+    SWAPOPT_CHECK(!g.is_released(), "[clip_grad_norm] grad of '" << p->name << "' has released storage");
+    SWAPOPT_CHECK(g.device() == stream.device() && g.is_contiguous(),
+                  "[clip_grad_norm] grad of '" << p->name << "' must be contiguous on " << stream.device().str()
+                                               << ", got " << g.str());
+    with_grad.push_back(p.get());
   }
+  check_disjoint_grads(with_grad, "clip_grad_norm");
   // One Frobenius norm per grad, on the stream, then the weighted sum of their squares on the host.
   const Tensor norms = Tensor::empty({int64_t(with_grad.size())}, DType::f32, stream.device(), &stream);
   for (size_t i = 0; i < with_grad.size(); ++i) {
     const Tensor& g = with_grad[i]->grad;
-    SWAPOPT_CHECK(g.device() == stream.device() && g.is_contiguous(),
-                  "[clip_grad_norm] grad of '" << with_grad[i]->name << "' must be contiguous on " << stream.device().str()
-                                               << ", got " << g.str());
     ops::frobenius_norm(stream, g.view({1, g.numel()}), norms.narrow(0, int64_t(i), 1));
   }
   stream.synchronize();

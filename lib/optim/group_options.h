@@ -19,6 +19,15 @@ inline void check_fits_f32(double value, const char* name, const char* optimizer
                     << ")");
 }
 
+/** Throws "[AdamW] lr x weight_decay is 1e+40: beyond the f32 range the updates compute in (at
+ *  most 3.40282e+38)" for a value the update derives from finite options that turns infinite in
+ *  f32 (each option fitting alone). */
+inline void check_derived_fits_f32(double value, const char* what, const char* optimizer) {
+  SWAPOPT_CHECK(std::isfinite(float(value)), "[" << optimizer << "] " << what << " is " << value
+                                                 << ": beyond the f32 range the updates compute in (at most "
+                                                 << std::numeric_limits<float>::max() << ")");
+}
+
 /** Replaces group `group`'s options after validating them and calling `fits_state(options)`, a
  *  check the optimizer's state puts on them; nothing changes on a bad value. */
 template <typename Options, typename FitsState>
@@ -54,12 +63,14 @@ void validate_group(const Options& options, size_t group, const std::string& opt
   }
 }
 
-/** Validates options read from a checkpoint's group `group`, naming both in the error:
- *  "[checkpoint] group 1: [AdamW] beta1 ...". */
-template <typename Options>
-void validate_checkpoint_group(const Options& options, size_t group) {
+/** The options `read()` parses from a checkpoint's group `group`, validated; any error names both:
+ *  "[checkpoint] group 1: [AdamW] beta1 ...", "[checkpoint] group 0: [Muon] unknown option 'x'". */
+template <typename Read>
+auto read_checkpoint_group(size_t group, const Read& read) {
   try {
+    auto options = read();
     options.validate();
+    return options;
   } catch (const Error& e) {
     SWAPOPT_FAIL("[checkpoint] group " << group << ": " << e.what());
   }

@@ -1,6 +1,7 @@
 #include "swapopt/optim/hsdp.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "swapopt/core/error.h"
@@ -16,6 +17,8 @@ void HsdpOptions::validate() const {
 
 int64_t align_to_512_bytes(int64_t elements, DType dtype) {
   const int64_t unit = 512 / int64_t(dtype_size(dtype));
+  SWAPOPT_CHECK(elements >= 0 && elements <= std::numeric_limits<int64_t>::max() - (unit - 1),
+                "[Muon] cannot align " << elements << " elements to 512 bytes");
   return (elements + unit - 1) / unit * unit;
 }
 
@@ -46,7 +49,8 @@ void assign_greedily(const std::vector<size_t>& items, const std::vector<int64_t
                      std::vector<int64_t>& out_bin) {
   std::vector<size_t> order = items;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel[a] > numel[b]; });
-  std::vector<int64_t> load(size_t(bins), 0);
+  // Ties go to the lowest bin, so bins past the item count would stay empty: not allocated.
+  std::vector<int64_t> load(size_t(std::min<int64_t>(bins, int64_t(items.size()))), 0);
   for (size_t i : order) {
     const int64_t bin = int64_t(std::min_element(load.begin(), load.end()) - load.begin());  // ties: lowest
     out_bin[i] = bin;
@@ -61,13 +65,17 @@ std::vector<HsdpAssignment> make_hsdp_assignments(size_t group, const std::vecto
   SWAPOPT_CHECK(replicas >= 1 && local_coordinate >= 0 && local_coordinate < replicas,
                 "[Muon] replicate coordinate " << local_coordinate << " outside " << replicas << " replicas");
   SWAPOPT_CHECK(shard_ranks >= 1, "[Muon] shard group of " << shard_ranks << " ranks");
+  SWAPOPT_CHECK(cap_bytes >= 1, "[Muon] HSDP cap_bytes must be >= 1, got " << cap_bytes);
+  for (size_t i = 0; i < params.size(); ++i)
+    SWAPOPT_CHECK(params[i] != nullptr, "[Muon] HSDP param " << i << " is null");
   // Largest first (stable, so equal sizes keep their order): every rank sorts the same way.
   std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
   auto numel = [&](size_t i) { return shape_numel(params[i]->logical_shape()); };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel(a) > numel(b); });
   std::vector<HsdpAssignment> out;
-  const int64_t cap = cap_bytes * replicas;
+  int64_t cap = 0;
+  if (__builtin_mul_overflow(cap_bytes, replicas, &cap)) cap = std::numeric_limits<int64_t>::max();
   int64_t bytes = 0;
   for (size_t i : order) {
     if (out.empty() || bytes >= cap) {
@@ -87,7 +95,7 @@ std::vector<HsdpAssignment> make_hsdp_assignments(size_t group, const std::vecto
     a.owners.assign(a.params.size(), 0);
     assign_greedily(all, sizes, replicas, a.owners);
     a.ns_ranks.assign(a.params.size(), 0);
-    for (int64_t owner = 0; owner < replicas; ++owner) {
+    for (int64_t owner = 0; owner < std::min<int64_t>(replicas, int64_t(a.params.size())); ++owner) {
       std::vector<size_t> mine;
       for (size_t i = 0; i < a.params.size(); ++i)
         if (a.owners[i] == owner) mine.push_back(i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "group_options.h"
 #include "json.h"
@@ -37,14 +38,18 @@ void MuonOptions::validate() const {
   SWAPOPT_CHECK(!ns_dtype || *ns_dtype != DType::f16, "[Muon] ns_dtype must be f32 or bf16, got f16");
   SWAPOPT_CHECK(max_batch_elements >= 1, "[Muon] max_batch_elements must be >= 1, got " << max_batch_elements);
   SWAPOPT_CHECK(min_batch_size >= 1, "[Muon] min_batch_size must be >= 1, got " << min_batch_size);
+  check_derived_fits_f32(lr * weight_decay, "lr x weight_decay", "Muon");
+  check_derived_fits_f32(lr * matched_adamw_rms, "lr x matched_adamw_rms", "Muon");  // the step checks it per shape
 }
 
 CoreShape core_shape(const Shape& shape) {
   SWAPOPT_CHECK(shape.size() >= 2, "[Muon] core shape needs at least 2 dims, got " << shape_str(shape));
+  SWAPOPT_CHECK(std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 0; }),
+                "[Muon] core shape of " << shape_str(shape) << ": a dim is negative");
   if (shape.size() == 3 && shape[1] == 1) return {shape[0], shape[2], 1};
+  const int64_t numel = shape_numel(shape);  // checks the dims and that their product fits
   const int64_t rows = shape[shape.size() - 2], cols = shape.back();
-  const int64_t per = rows * cols;
-  return {rows, cols, per == 0 ? 0 : shape_numel(shape) / per};
+  return {rows, cols, numel == 0 ? 0 : numel / (rows * cols)};
 }
 
 Muon::Muon(Stream stream, MuonHooks hooks) : Optimizer("Muon", std::move(stream)), hooks_(std::move(hooks)) {}
@@ -259,9 +264,22 @@ void Muon::fill_momentum(size_t group, const std::vector<Param*>& params, const 
 }
 
 int64_t ns_workspace_bytes(const CoreShape& cs, int64_t element_size, Device device) {
+  SWAPOPT_CHECK(cs.rows >= 0 && cs.cols >= 0 && cs.count >= 0 && element_size >= 1 && element_size <= 8,
+                "[Muon] no Newton-Schulz workspace for " << cs.count << " matrices of " << cs.rows << " x " << cs.cols
+                                                         << " with " << element_size << "-byte elements");
   const int64_t k = std::min(cs.rows, cs.cols);
-  return cs.count * (2 * cs.rows * cs.cols * element_size + 2 * k * k * element_size + 4) +
-         ops::frobenius_norm_scratch_bytes(device, cs.count, cs.rows * cs.cols);
+  // count (2 m n B + 2 k^2 B + 4) + scratch, each step checked: a core shape's dims fit an int64
+  // product, its workspace need not.
+  int64_t mn = 0, per = 0, kk = 0, total = 0;
+  const bool overflow = __builtin_mul_overflow(cs.rows, cs.cols, &mn) ||
+                        __builtin_mul_overflow(mn, 2 * element_size, &per) || __builtin_mul_overflow(k, k, &kk) ||
+                        __builtin_mul_overflow(kk, 2 * element_size, &kk) ||
+                        __builtin_add_overflow(per, kk + 4, &per) || __builtin_mul_overflow(per, cs.count, &total) ||
+                        __builtin_add_overflow(total, ops::frobenius_norm_scratch_bytes(device, cs.count, mn), &total);
+  SWAPOPT_CHECK(!overflow, "[Muon] the Newton-Schulz workspace of " << cs.count << " matrices of " << cs.rows << " x "
+                                                                    << cs.cols
+                                                                    << " has more bytes than an int64 counts");
+  return total;
 }
 
 int64_t Muon::workspace_bytes(size_t group, const std::vector<Param*>& params) const {
@@ -281,12 +299,19 @@ void Muon::orthogonalize(size_t group, const Tensor& x) {
   }
 }
 
+namespace {
+/** What the orthogonalized update of a matrix of `logical` is multiplied by: -lr x scale. */
+double update_multiplier(const MuonOptions& o, const CoreShape& logical) {
+  double scale = std::sqrt(double(std::max(logical.rows, logical.cols))) * o.matched_adamw_rms;
+  if (o.matched_adamw_rms == 0.0) scale = o.zero_rms_scale_mode == "use_lr" ? 1.0 : 0.0;
+  return -o.lr * scale;
+}
+}  // namespace
+
 void Muon::apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical) {
   const MuonOptions& o = options_.at(group);
   const float decay = float(1.0 - o.lr * o.weight_decay);
-  double scale = std::sqrt(double(std::max(logical.rows, logical.cols))) * o.matched_adamw_rms;
-  if (o.matched_adamw_rms == 0.0) scale = o.zero_rms_scale_mode == "use_lr" ? 1.0 : 0.0;
-  const float alpha = float(-o.lr * scale);
+  const float alpha = float(update_multiplier(o, logical));
   if (o.apply_lr_in_update) {
     ops::scale(stream_, update, alpha);
     ops::axpby(stream_, 1.f, update, decay, param.data);
@@ -366,6 +391,16 @@ void Muon::check_step_locally() {
   check_step_counts();
   for (size_t g = 0; g < groups_.size(); ++g) local_params(g);  // throws for a shard without HSDP
   check_params_with_grad();
+  for (size_t g = 0; g < groups_.size(); ++g)  // lr x sqrt(the larger side) x matched_adamw_rms, in f32
+    for (const ParamPtr& p : groups_[g].params)
+      if (p->has_grad()) {
+        const double multiplier = update_multiplier(options_[g], core_shape(p->logical_shape()));
+        if (!std::isfinite(float(multiplier)))
+          SWAPOPT_FAIL("[Muon] parameter '" << p->name << "': lr x sqrt(" << shape_str(p->logical_shape())
+                                            << "'s larger side) x matched_adamw_rms is " << -multiplier
+                                            << ": beyond the f32 range the updates compute in (at most "
+                                            << std::numeric_limits<float>::max() << ")");
+      }
 }
 
 void Muon::run_step() {
@@ -421,45 +456,49 @@ std::string Muon::group_options_json(size_t group) const {
 Optimizer::PreparedOptions Muon::prepare_group_options(const std::vector<std::string>& options_json) {
   std::vector<MuonOptions> parsed;
   for (const std::string& text : options_json) {
-    const json::Value v = json::parse(text);
-    static const char* known[] = {"lr", "weight_decay", "matched_adamw_rms", "momentum", "momentum2", "nesterov", "ns_steps",
-                                  "ns_variant", "ns_coefficients", "ns_epsilon", "zero_rms_scale_mode",
-                                  "apply_lr_in_update", "ns_dtype", "max_batch_elements", "min_batch_size"};
-    const std::string w = "Muon options";
-    for (const auto& [key, value] : json::get_object(v, w)) {
-      bool ok = false;
-      for (const char* k : known) ok = ok || key == k;
-      SWAPOPT_CHECK(ok, "[Muon] unknown option '" << key << "'");
-    }
-    auto field = [&](const std::string& key) -> const json::Value& { return json::member(v, key, w); };
-    auto number = [&](const std::string& key) { return json::get_number(field(key), key); };
-    auto string = [&](const std::string& key) { return json::get_string(field(key), key); };
-    MuonOptions o;
-    o.lr = number("lr");
-    o.weight_decay = number("weight_decay");
-    o.matched_adamw_rms = number("matched_adamw_rms");
-    o.momentum = number("momentum");
-    if (!field("momentum2").is_null()) o.momentum2 = number("momentum2");
-    o.nesterov = json::get_bool(field("nesterov"), "nesterov");
-    const int64_t steps = json::get_int(field("ns_steps"), "ns_steps");
-    SWAPOPT_CHECK(steps >= 1, "[Muon] ns_steps must be >= 1, got " << steps);
-    SWAPOPT_CHECK(steps <= kMaxNsSteps, "[Muon] ns_steps must be <= " << kMaxNsSteps << ", got " << steps);
-    o.ns_steps = int(steps);
-    o.ns_variant = string("ns_variant");
-    for (const json::Value& triple : json::get_array(field("ns_coefficients"), "ns_coefficients")) {
-      const auto& abc = json::get_array(triple, "ns_coefficients triple");
-      SWAPOPT_CHECK(abc.size() == 3, "[Muon] each ns_coefficients triple needs exactly 3 values, got " << abc.size());
-      o.ns_coefficients.push_back({float(json::get_number(abc[0], "coefficient")), float(json::get_number(abc[1], "coefficient")),
-                                   float(json::get_number(abc[2], "coefficient"))});
-    }
-    o.ns_epsilon = number("ns_epsilon");
-    o.zero_rms_scale_mode = string("zero_rms_scale_mode");
-    o.apply_lr_in_update = json::get_bool(field("apply_lr_in_update"), "apply_lr_in_update");
-    if (!field("ns_dtype").is_null()) o.ns_dtype = dtype_from_name(string("ns_dtype"));
-    o.max_batch_elements = json::get_int(field("max_batch_elements"), "max_batch_elements");
-    o.min_batch_size = json::get_int(field("min_batch_size"), "min_batch_size");
-    validate_checkpoint_group(o, parsed.size());
-    parsed.push_back(std::move(o));
+    parsed.push_back(read_checkpoint_group(parsed.size(), [&] {
+      const json::Value v = json::parse(text);
+      static const char* known[] = {"lr",         "weight_decay",        "matched_adamw_rms",
+                                    "momentum",   "momentum2",           "nesterov",
+                                    "ns_steps",   "ns_variant",          "ns_coefficients",
+                                    "ns_epsilon", "zero_rms_scale_mode", "apply_lr_in_update",
+                                    "ns_dtype",   "max_batch_elements",  "min_batch_size"};
+      const std::string w = "Muon options";
+      for (const auto& [key, value] : json::get_object(v, w)) {
+        bool ok = false;
+        for (const char* k : known) ok = ok || key == k;
+        SWAPOPT_CHECK(ok, "[Muon] unknown option '" << key << "'");
+      }
+      auto field = [&](const std::string& key) -> const json::Value& { return json::member(v, key, w); };
+      auto number = [&](const std::string& key) { return json::get_number(field(key), key); };
+      auto string = [&](const std::string& key) { return json::get_string(field(key), key); };
+      MuonOptions o;
+      o.lr = number("lr");
+      o.weight_decay = number("weight_decay");
+      o.matched_adamw_rms = number("matched_adamw_rms");
+      o.momentum = number("momentum");
+      if (!field("momentum2").is_null()) o.momentum2 = number("momentum2");
+      o.nesterov = json::get_bool(field("nesterov"), "nesterov");
+      const int64_t steps = json::get_int(field("ns_steps"), "ns_steps");
+      SWAPOPT_CHECK(steps >= 1, "[Muon] ns_steps must be >= 1, got " << steps);
+      SWAPOPT_CHECK(steps <= kMaxNsSteps, "[Muon] ns_steps must be <= " << kMaxNsSteps << ", got " << steps);
+      o.ns_steps = int(steps);
+      o.ns_variant = string("ns_variant");
+      for (const json::Value& triple : json::get_array(field("ns_coefficients"), "ns_coefficients")) {
+        const auto& abc = json::get_array(triple, "ns_coefficients triple");
+        SWAPOPT_CHECK(abc.size() == 3, "[Muon] each ns_coefficients triple needs exactly 3 values, got " << abc.size());
+        o.ns_coefficients.push_back({float(json::get_number(abc[0], "coefficient")),
+                                     float(json::get_number(abc[1], "coefficient")),
+                                     float(json::get_number(abc[2], "coefficient"))});
+      }
+      o.ns_epsilon = number("ns_epsilon");
+      o.zero_rms_scale_mode = string("zero_rms_scale_mode");
+      o.apply_lr_in_update = json::get_bool(field("apply_lr_in_update"), "apply_lr_in_update");
+      if (!field("ns_dtype").is_null()) o.ns_dtype = dtype_from_name(string("ns_dtype"));
+      o.max_batch_elements = json::get_int(field("max_batch_elements"), "max_batch_elements");
+      o.min_batch_size = json::get_int(field("min_batch_size"), "min_batch_size");
+      return o;
+    }));
   }
   return {[this, parsed] { options_ = parsed; }, std::vector<std::vector<std::string>>(parsed.size(), state_keys())};
 }

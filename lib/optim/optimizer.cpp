@@ -120,27 +120,6 @@ void Optimizer::record_step_events() {
   params_updated_.record(stream_);
 }
 
-void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who) {
-  // Params are contiguous: a byte range each, sorted by start.
-  struct Range {
-    const char* begin;
-    const char* end;
-    const Param* param;
-  };
-  std::vector<Range> ranges;
-  for (const Param* p : params) {
-    if (!p->data.defined() || p->data.nbytes() == 0 || p->data.is_released()) continue;  // no memory to share
-    const char* begin = static_cast<const char*>(p->data.data_ptr());
-    ranges.push_back({begin, begin + p->data.nbytes(), p});
-  }
-  // Stable: of two params starting at one address, the one listed first is named first.
-  std::stable_sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return std::less<>()(a.begin, b.begin); });
-  for (size_t i = 1; i < ranges.size(); ++i)
-    SWAPOPT_CHECK(!std::less<>()(ranges[i].begin, ranges[i - 1].end),
-                  "[" << who << "] parameters '" << ranges[i - 1].param->name << "' and '" << ranges[i].param->name
-                      << "' share memory (an update of one would change the other)");
-}
-
 void Optimizer::check_disjoint(const std::vector<ParamPtr>& added) const {
   std::vector<const Param*> params;
   for (const ParamGroup& g : groups_)
@@ -179,7 +158,7 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
   for (const ParamPtr& p : params) {
     param_indices_.emplace(p.get(), index++);
     param_names_.insert(p->name);
-    records_.push_back({p.get(), groups_.size(), false, {}, DType::f32});  // fixed later: fix_layout()
+    records_.push_back({p.get(), groups_.size(), p->name, false, {}, DType::f32});  // fixed later: fix_layout()
   }
   groups_.push_back({std::move(params), 0});
 }
@@ -400,9 +379,17 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
   return it->second;
 }
 
+void Optimizer::check_names_unchanged() const {
+  for (const ParamRecord& record : records_)
+    SWAPOPT_CHECK(record.param->name == record.name,
+                  "[" << name_ << "] parameter '" << record.name << "' was renamed '" << record.param->name
+                      << "' after it was added: a param's name is fixed once added (checkpoints name its state by it)");
+}
+
 std::string Optimizer::metadata_json() const {
   using json::Value;
   validate_options();  // no non-finite or out-of-range value reaches a checkpoint
+  check_names_unchanged();
   Value groups = Value::array(), param_steps = Value::array(), param_names = Value::array();
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -467,6 +454,7 @@ std::function<void()> Optimizer::prepare_load(
   const json::Value meta = json::parse(checkpoint.metadata);
   const std::string& optimizer = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
+  check_names_unchanged();
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
     std::vector<std::string> ours, theirs;
     for (const ParamGroup& g : groups_)

@@ -112,9 +112,11 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
   // Each half checks its own params; these checks span both (one checkpoint names them all, and
   // a Muon param sharing memory with an AdamW one would be updated by both).
   std::unordered_set<std::string> names;
+  std::unordered_set<const Param*> seen;
   std::vector<const Param*> all;
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[MuonWithAdamW] null parameter");
+    SWAPOPT_CHECK(seen.insert(p.get()).second, "[MuonWithAdamW] parameter '" << p->name << "' is listed twice");
     SWAPOPT_CHECK(names.insert(p->name).second,
                   "[MuonWithAdamW] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined(),

@@ -409,11 +409,33 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   for (UpdateUnit& u : units) u.chunk_elements = 0;
   if (!config_.device_budget_bytes) return partition(costs, config_.swap_times);
   const size_t budget = *config_.device_budget_bytes;
+  PlanMiss miss;
+  if (std::optional<std::vector<size_t>> sizes = plan_within(units, costs, budget, miss)) return *sizes;
+  for (UpdateUnit& u : units) u.chunk_elements = 0;
+  const std::string least =
+      "the least budget that runs this step is " + std::to_string(least_budget(units, costs, budget)) + " bytes";
+  if (!miss.unit.empty()) {
+    SWAPOPT_CHECK(miss.chunkable, "[swap] device_budget_bytes "
+                                      << budget << " is below an update unit that cannot run in chunks: "
+                                      << miss.state_bytes << " bytes of state + " << miss.workspace_bytes
+                                      << " bytes of workspace (" << miss.unit << "); " << least);
+    SWAPOPT_FAIL("[swap] device_budget_bytes "
+                 << budget << " is below an update unit even in chunks: " << miss.workspace_bytes
+                 << " bytes of workspace + " << miss.chunk_bytes << " bytes for two chunks of " << kChunkQuantum
+                 << " elements of its " << miss.state_bytes << " bytes of state (" << miss.unit << "); " << least);
+  }
+  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold the batches in flight (the closest plan needs "
+                                             << miss.smallest_need << " bytes, " << miss.need_workspace
+                                             << " of them the largest unit workspace); " << least);
+}
+
+std::optional<std::vector<size_t>> PipelineSwapRuntime::plan_within(std::vector<UpdateUnit>& units,
+                                                                    const std::vector<int64_t>& costs, size_t budget,
+                                                                    PlanMiss& miss) const {
   // A unit that does not fit whole is chunked; the others may be, largest state first, when no
   // plan of whole units fits between the chunked ones.
   std::vector<size_t> candidates;
-  // A unit no plan can run: the error names the one needing the largest budget (so that budget
-  // is the least one to try), with its first param.
+  // A unit no plan can run: the miss names the one needing the largest budget, with its first param.
   const UpdateUnit* too_large = nullptr;
   size_t too_large_needs = 0;
   for (size_t i = 0; i < units.size(); ++i) {
@@ -436,40 +458,54 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   if (too_large != nullptr) {
     const UpdateUnit& u = *too_large;
     std::ostringstream which;
-    if (!u.params.empty()) {
-      which << " (the unit of '" << u.params.front()->name << "'";
-      if (u.params.size() > 1)
-        which << " and " << (u.params.size() - 1) << " more param" << (u.params.size() > 2 ? "s" : "");
-      which << "; no budget below " << too_large_needs << " bytes runs it)";
-    }
-    SWAPOPT_CHECK(u.chunkable, "[swap] device_budget_bytes "
-                                   << budget << " is below an update unit that cannot run in chunks: " << state_bytes(u)
-                                   << " bytes of state + " << u.workspace_bytes << " bytes of workspace"
-                                   << which.str());
-    SWAPOPT_FAIL("[swap] device_budget_bytes "
-                 << budget << " is below an update unit even in chunks: " << u.workspace_bytes
-                 << " bytes of workspace + " << chunk_arena_bytes(u, kChunkQuantum) << " bytes for two chunks of "
-                 << kChunkQuantum << " elements of its " << state_bytes(u) << " bytes of state" << which.str());
+    which << "the unit of '" << (u.params.empty() ? std::string() : u.params.front()->name) << "'";
+    if (u.params.size() > 1)
+      which << " and " << (u.params.size() - 1) << " more param" << (u.params.size() > 2 ? "s" : "");
+    miss.unit = which.str();
+    miss.chunkable = u.chunkable;
+    miss.state_bytes = state_bytes(u);
+    miss.workspace_bytes = size_t(u.workspace_bytes);
+    miss.chunk_bytes = u.chunkable ? chunk_arena_bytes(u, kChunkQuantum) : 0;
+    return std::nullopt;
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](size_t a, size_t b) { return state_bytes(units[a]) > state_bytes(units[b]); });
-  size_t smallest_need = SIZE_MAX, need_workspace = 0;
   // Each round chunks as many more candidates as are chunked already (1, 2, 4, ...): O(log n)
   // plans. A candidate whose chunks do not fit beside its workspace stays whole.
   for (size_t chunked = 0;;) {
-    if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, false, smallest_need, need_workspace))
-      return *sizes;
+    if (std::optional<std::vector<size_t>> sizes =
+            fit_batches(units, costs, budget, false, miss.smallest_need, miss.need_workspace))
+      return sizes;
     if (chunked == candidates.size()) break;
     for (const size_t end = std::min(candidates.size(), chunked + std::max<size_t>(1, chunked)); chunked < end; ++chunked)
       units[candidates[chunked]].chunk_elements = largest_chunk(units[candidates[chunked]], budget);
   }
   // Every count of every segment before giving up (the bisection may have missed one).
-  if (std::optional<std::vector<size_t>> sizes = fit_batches(units, costs, budget, true, smallest_need, need_workspace))
-    return *sizes;
-  for (UpdateUnit& u : units) u.chunk_elements = 0;
-  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold the batches in flight: the pipeline needs at least "
-                                             << smallest_need << " bytes (" << need_workspace
-                                             << " of them the largest unit workspace)");
+  return fit_batches(units, costs, budget, true, miss.smallest_need, miss.need_workspace);
+}
+
+size_t PipelineSwapRuntime::least_budget(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
+                                         size_t failing) const {
+  const auto runs = [&](size_t budget) {
+    std::vector<UpdateUnit> trial = units;
+    PlanMiss ignored;
+    return plan_within(trial, costs, budget, ignored).has_value();
+  };
+  // Every unit in one batch, beside the largest workspace, fits any pipeline; then bisection
+  // between a budget that fails and one that runs.
+  std::vector<UpdateUnit> all = units;
+  size_t workspace = 0;
+  for (const UpdateUnit& u : units) workspace = std::max(workspace, size_t(u.workspace_bytes));
+  size_t lo = failing, hi = std::max(failing + 1, resident_bytes_needed(all, {units.size()}) + workspace);
+  while (!runs(hi)) {  // not expected; doubling keeps the answer true if it happens
+    lo = hi;
+    hi = hi > SIZE_MAX / 2 ? SIZE_MAX : 2 * hi;
+  }
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (runs(mid) ? hi : lo) = mid;
+  }
+  return hi;
 }
 
 void PipelineSwapRuntime::trace(const char* what, size_t index) {

@@ -19,7 +19,14 @@ namespace swapopt {
 
 namespace {
 
-std::vector<std::string> resolve_keys(const StateSwapAdapter& adapter, Optimizer& optimizer, const SwapConfig& config) {
+/** The adapter, checked before the members built from it use it. */
+StateSwapAdapter& checked(const std::unique_ptr<StateSwapAdapter>& adapter) {
+  SWAPOPT_CHECK(adapter != nullptr, "[swap] SwapOptimizer needs a state adapter, got null");
+  return *adapter;
+}
+
+std::vector<std::string> resolve_keys(StateSwapAdapter& adapter, const SwapConfig& config) {
+  const Optimizer& optimizer = adapter.optimizer();
   config.validate();
   const std::vector<std::string> family = adapter.family_state_keys();
   if (!config.state_keys) return family;
@@ -37,7 +44,7 @@ std::vector<std::string> resolve_keys(const StateSwapAdapter& adapter, Optimizer
 
 SwapOptimizer::SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConfig config)
     : adapter_(std::move(adapter)),
-      keys_(resolve_keys(*adapter_, adapter_->optimizer(), config)),
+      keys_(resolve_keys(checked(adapter_), config)),
       runtime_(adapter_->optimizer().stream(), config) {
   SWAPOPT_CHECK(!optimizer().wrapped(), "[swap] " << optimizer().name() << " is already wrapped by a SwapOptimizer");
   optimizer().check_layouts();  // the wrapper fixes them

@@ -594,6 +594,37 @@ TEST_SUITE("bad input") {
     CHECK(s.snap() == before);
   }
 
+  TEST_CASE("options each within f32 whose products in the update are not: refused by name, changing nothing") {
+    CHECK(error_of([] { AdamWOptions{.lr = 1e20, .weight_decay = 1e20}.validate(); }) ==
+          "[AdamW] lr x weight_decay is 1e+40: beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(error_of([] { AdamWOptions{.lr = 1e38, .weight_decay = 0}.validate(); }) ==
+          "[AdamW] lr / (1 - beta1), the first step's size, is 1e+39: beyond the f32 range the updates compute in (at "
+          "most 3.40282e+38)");
+    CHECK(error_of([] { AdamWOptions{.lr = 3e37, .beta1 = 0.0, .weight_decay = 0}.validate(); }).empty());
+    CHECK(error_of([] { MuonOptions{.lr = 1e30, .weight_decay = 1e10}.validate(); }) ==
+          "[Muon] lr x weight_decay is 1e+40: beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    CHECK(error_of([] { MuonOptions{.lr = 1e30, .weight_decay = 0, .matched_adamw_rms = 1e9}.validate(); }) ==
+          "[Muon] lr x matched_adamw_rms is 1e+39: beyond the f32 range the updates compute in (at most 3.40282e+38)");
+    // lr x matched_adamw_rms fits, times sqrt(the larger side) it does not: the step names the param.
+    for (bool swap : {false, true}) {
+      Subject s(false, swap);
+      CAPTURE(s.name());
+      auto& muon = static_cast<Muon&>(*s.optimizer);
+      MuonOptions o = muon.options(0);
+      o.lr = 1e38;
+      o.weight_decay = 0;
+      o.matched_adamw_rms = 1;
+      muon.set_options(0, o);
+      set_grads(s.params, 3);
+      const std::string before = s.snap();
+      CHECK(
+          error_of([&] { s.step(); }) ==
+          "[Muon] parameter 'w0': lr x sqrt([32, 32]'s larger side) x matched_adamw_rms is 5.65685e+38: beyond the f32 "
+          "range the updates compute in (at most 3.40282e+38)");
+      CHECK(s.snap() == before);
+    }
+  }
+
   TEST_CASE("MuonWithAdamW: bad options are refused also for a half no param is routed to") {
     const std::vector<ParamPtr> matrices = {make_param("w", test::random_tensor({4, 4}, DType::f32, 1))};
     const std::vector<ParamPtr> vectors = {make_param("b", test::random_tensor({4}, DType::f32, 1))};
@@ -692,9 +723,8 @@ TEST_SUITE("bad input") {
     CHECK(
         error_of([&] { swapped->step(); }) ==
         "[swap] device_budget_bytes 1000 is below an update unit even in chunks: 32776 bytes of workspace + 256 bytes "
-        "for two chunks of 32 elements of its 8192 bytes of state (the unit of 'w0' and 1 more param; no budget below "
-        "33032 "
-        "bytes runs it)");
+        "for two chunks of 32 elements of its 8192 bytes of state (the unit of 'w0' and 1 more param); the least "
+        "budget that runs this step is 33032 bytes");
     CHECK(snapshot(muon, params, swapped.get()) == before);
     CHECK(muon.state().empty());
   }
@@ -788,6 +818,43 @@ TEST_SUITE("bad input") {
         const std::string before = s.snap();
         CHECK(error_of([&] { s.load(state); }) == bad.message);
         CHECK(s.snap() == before);
+      }
+  }
+
+  TEST_CASE("a param renamed after it was added: saves and loads refuse it, naming both names, changing nothing") {
+    for (bool adamw : {true, false})
+      for (bool swap : {false, true}) {
+        Subject s(adamw, swap);
+        CAPTURE(s.name());
+        const StateDict state = s.state_dict();
+        const std::string saved = test::temp_file("named.safetensors"),
+                          unsaved = test::temp_file("renamed.safetensors");
+        s.swapped ? s.swapped->save_checkpoint(saved) : s.optimizer->save_checkpoint(saved);
+        const std::string named = s.snap();
+        const std::string old_name = s.params[1]->name;
+        s.params[1]->name = s.params[0]->name;  // two params of one name: a file would name both alike
+        const std::string message = "[" + s.optimizer->name() + "] parameter '" + old_name + "' was renamed '" +
+                                    s.params[0]->name +
+                                    "' after it was added: a param's name is fixed once added (checkpoints name its "
+                                    "state by it)";
+        const std::string before = s.snap();
+        CHECK(error_of([&] { s.state_dict(); }) == message);
+        CHECK(error_of([&] { s.load(state); }) == message);
+        if (s.swapped) {
+          CHECK(error_of([&] { s.swapped->save_checkpoint(unsaved); }) == message);
+          CHECK(error_of([&] { s.swapped->save_async(unsaved); }) == message);
+          CHECK(error_of([&] { s.swapped->load_checkpoint(saved); }) == message);
+        } else {
+          CHECK(error_of([&] { s.optimizer->save_checkpoint(unsaved); }) == message);
+          CHECK(error_of([&] { s.optimizer->load_checkpoint(saved); }) == message);
+        }
+        CHECK(!std::filesystem::exists(unsaved));
+        CHECK(s.snap() == before);
+        s.params[1]->name = old_name;  // named back: the checkpoints load again
+        s.load(state);
+        s.swapped ? s.swapped->load_checkpoint(saved) : s.optimizer->load_checkpoint(saved);
+        CHECK(s.snap() == named);
+        std::filesystem::remove(saved);
       }
   }
 

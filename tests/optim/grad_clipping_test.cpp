@@ -114,6 +114,34 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("clip_grad_norm refuses a param listed twice, grads sharing memory and released grads, changing nothing") {
+  Stream stream(Device::cpu());
+  std::vector<ParamPtr> params = with_grads(3, 10.f);
+  const auto grads = [&] {
+    std::vector<std::vector<float>> out;
+    for (const ParamPtr& p : params) out.push_back(p->has_grad() ? p->grad.to_float_vector() : std::vector<float>());
+    return out;
+  };
+  const auto before = grads();
+  CHECK(test::error_of([&] {
+          clip_grad_norm({params[0], params[1], params[0]}, 1.0, stream);
+        }) == "[clip_grad_norm] parameter 'w' is listed twice (its grad would be counted and scaled twice)");
+  params[2]->grad = params[0]->grad.view({48}).narrow(0, 40, 3);  // inside w's grad
+  CHECK(test::error_of([&] { clip_grad_norm(params, 1.0, stream); }) ==
+        "[clip_grad_norm] the grads of 'w' and 'none' share memory (they would be counted and scaled twice)");
+  params[2]->grad = Tensor();
+  CHECK(grads() == before);
+  Tensor released = Tensor::zeros({5}, DType::f32, Device::cpu());
+  released.storage()->release();
+  params[1]->grad = released;
+  CHECK(test::error_of([&] { clip_grad_norm(params, 1.0, stream); }) ==
+        "[clip_grad_norm] grad of 'v' has released storage");
+  params[1]->grad = Tensor::from_floats(before[1], {5});
+  CHECK(grads() == before);
+  const double want = reference_norm(params);
+  CHECK(clip_grad_norm(params, 1.0, stream) == doctest::Approx(want).epsilon(1e-6));
+}
+
 TEST_CASE("clip_grad_norm across ranks adds each rank's f64 sum exactly: totals f32 cannot hold come out exact") {
   // Five row-sharded params of one element per rank. Rank 0's shards hold 1 and zeros; rank 1's
   // hold 2^26, 8192, 8192, 2, 2: a sum of 2^52 + 2^27 + 8, whose 53 bits need three f32 parts

@@ -108,6 +108,27 @@ TEST_CASE("HSDP plan ties: equal sizes keep their order; a tied load goes to the
   CHECK(m.ns_ranks == std::vector<int64_t>{0, 0, 1, 1, 1});
 }
 
+TEST_CASE("HSDP plan of bad or extreme arguments: named errors, no overflow, no allocation per replica") {
+  const std::vector<ParamPtr> keep = {matrix("a", 8, 8, 1), matrix("b", 4, 4, 2)};
+  std::vector<Param*> params = {keep[0].get(), keep[1].get()};
+  CHECK(test::error_of([&] {
+          make_hsdp_assignments(0, {params[0], nullptr}, 1, 0, 100);
+        }) == "[Muon] HSDP param 1 is null");
+  CHECK(test::error_of([&] { make_hsdp_assignments(0, params, 1, 0, 0); }) ==
+        "[Muon] HSDP cap_bytes must be >= 1, got 0");
+  // A cap times the replicas beyond int64 is no cap; 2^40 replicas for two params: two owners used.
+  const auto huge = make_hsdp_assignments(0, params, int64_t(1) << 40, 0, int64_t(1) << 40, int64_t(1) << 40);
+  REQUIRE(huge.size() == 1);
+  CHECK(huge[0].owners == std::vector<int64_t>{0, 1});
+  CHECK(huge[0].ns_ranks == std::vector<int64_t>{0, 0});
+  CHECK(align_to_512_bytes(129, DType::f32) == 256);
+  CHECK(align_to_512_bytes(0, DType::bf16) == 0);
+  CHECK(test::error_of([] { align_to_512_bytes(-1000, DType::f32); }) ==
+        "[Muon] cannot align -1000 elements to 512 bytes");
+  CHECK(test::error_of([] { align_to_512_bytes(std::numeric_limits<int64_t>::max(), DType::f32); }) ==
+        "[Muon] cannot align 9223372036854775807 elements to 512 bytes");
+}
+
 TEST_CASE("MeshGroups: indices along mesh dims, the members and names of each group, blocks, caching") {
   FakeCommunicator::SubGroupLog log;
   auto world = std::make_shared<FakeCommunicator>(4, 6, &log);

@@ -326,3 +326,24 @@ TEST_CASE("memory-safe batches follow the reference's greedy rule") {
   CHECK(core_shape({3, 6, 10}) == CoreShape{6, 10, 3});
   CHECK(muon.group_by_shape(params).size() == 2);
 }
+
+TEST_CASE("core_shape and ns_workspace_bytes: empty shapes, negative dims and int64 overflow") {
+  const int64_t big = int64_t(1) << 32;
+  CHECK(core_shape({0, big, big}) == CoreShape{big, big, 0});  // no product of rows and cols needed
+  CHECK(core_shape({3, 0, 5}) == CoreShape{0, 5, 0});
+  CHECK(test::error_of([] { core_shape({2, -3}); }) == "[Muon] core shape of [2, -3]: a dim is negative");
+  CHECK(test::error_of([&] {
+          core_shape({big, big, 2});
+        }) == "[shape] [4294967296, 4294967296, 2] has more elements than an int64 counts");
+  // 2 B m n + 2 B k^2 + 4 bytes per matrix on the CPU: 2*4*6*10 + 2*4*36 + 4 = 772.
+  CHECK(ns_workspace_bytes(CoreShape{6, 10, 3}, 4) == 3 * 772);
+  CHECK(ns_workspace_bytes(CoreShape{6, 10, 0}, 4) == 0);
+  CHECK(test::error_of([] {
+          ns_workspace_bytes(CoreShape{int64_t(1) << 40, int64_t(1) << 40, 1}, 4);
+        }) ==
+        "[Muon] the Newton-Schulz workspace of 1 matrices of 1099511627776 x 1099511627776 has more bytes than an "
+        "int64 counts");
+  CHECK(test::error_of([] {
+          ns_workspace_bytes(CoreShape{-5, 3, 2}, 4);
+        }) == "[Muon] no Newton-Schulz workspace for 2 matrices of -5 x 3 with 4-byte elements");
+}

@@ -83,6 +83,10 @@ TEST_CASE("MuonWithAdamW refuses across its halves what each optimizer refuses w
           MuonWithAdamW(stream, {param("x", {4, 4}), param("x", {4})});
         }) == "[MuonWithAdamW] two parameters are named 'x' (checkpoints name each param's state)");
   CHECK(error_of([&] { MuonWithAdamW(stream, {param("w", {4, 4}), nullptr}); }) == "[MuonWithAdamW] null parameter");
+  const ParamPtr twice = param("w", {4, 4});
+  CHECK(error_of([&] {
+          MuonWithAdamW(stream, {twice, param("b", {4}), twice});
+        }) == "[MuonWithAdamW] parameter 'w' is listed twice");
   CHECK(error_of([&] { MuonWithAdamW(stream, {make_param("w", Tensor())}); }) ==
         "[MuonWithAdamW] parameter 'w' must be a defined contiguous tensor");
   // Disjoint views of one buffer are fine, as in one optimizer.

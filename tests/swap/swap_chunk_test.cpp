@@ -224,7 +224,7 @@ TEST_SUITE("swap") {
         ("[swap] device_budget_bytes 2000 is below an update unit even in chunks: " +
          std::to_string(worst.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
          "elements of its " + std::to_string(bytes) + " bytes of state (the unit of '" + worst.params.front()->name +
-         "'; no budget below " + std::to_string(worst.workspace_bytes + 256) + " bytes runs it)")
+         "'); the least budget that runs this step is " + std::to_string(worst.workspace_bytes + 256) + " bytes")
             .c_str(),
         Error);
     CHECK(serialize_state_dict(swapped->state_dict()) == before);
@@ -242,9 +242,71 @@ TEST_SUITE("swap") {
     CHECK_THROWS_WITH_AS(
         unchunkable.step(),
         "[swap] device_budget_bytes 30000 is below an update unit that cannot run in chunks: 61440 bytes "
-        "of state + 0 bytes of workspace (the unit of 'embed'; no budget below 61440 bytes runs it)",
+        "of state + 0 bytes of workspace (the unit of 'embed'); the least budget that runs this step is 122880 bytes",
         Error);
     CHECK(adamw.state().empty());
+  }
+
+  TEST_CASE(
+      "a budget that holds no plan names the least one that does: it runs, one byte less does not (random models)") {
+    std::mt19937 rng(20261206);
+    int named = 0;
+    for (int trial = 0; trial < 80; ++trial) {
+      CAPTURE(trial);
+      const bool muon = rng() % 2 == 0;
+      SwapConfig config;
+      config.packed = rng() % 2 == 0;
+      config.min_numel = std::vector<int64_t>{0, 1, 64}[rng() % 3];
+      config.swap_times = 1 + int(rng() % 4);
+      std::vector<Shape> shapes;
+      std::vector<DType> dtypes;
+      for (size_t i = 0, n = 1 + rng() % 5; i < n; ++i) {
+        shapes.push_back({int64_t(1 + rng() % 40), int64_t(1 + rng() % 40)});
+        dtypes.push_back(rng() % 3 == 0 ? DType::bf16 : DType::f32);
+      }
+      // A fresh model and wrapper stepped once under `budget`: the step's error, "" when it ran.
+      size_t peak = 0;
+      const auto step_under = [&](size_t budget) {
+        std::vector<ParamPtr> params;
+        for (size_t i = 0; i < shapes.size(); ++i)
+          params.push_back(make_param(std::string(1, char('a' + i)),
+                                      test::random_tensor(shapes[i], dtypes[i], uint32_t(trial * 10 + i))));
+        for (size_t i = 0; i < params.size(); ++i)
+          params[i]->grad = test::random_tensor(shapes[i], DType::f32, uint32_t(700 + i));
+        SwapConfig c = config;
+        c.device_budget_bytes = budget;
+        Muon muon_opt{Stream(Device::cpu())};
+        AdamW adamw_opt{Stream(Device::cpu())};
+        std::unique_ptr<SwapOptimizer> swapped;
+        if (muon) {
+          muon_opt.add_param_group(params);
+          swapped = swap_muon(muon_opt, c);
+        } else {
+          adamw_opt.add_param_group(params, AdamWOptions{.amsgrad = trial % 3 == 0});
+          swapped = swap_adamw(adamw_opt, c);
+        }
+        const std::string error = test::error_of([&] { swapped->step(); });
+        if (error.empty()) peak = swapped->last_report().peak_resident_bytes;
+        return error;
+      };
+      const size_t budget = rng() % 6000;
+      const std::string error = step_under(budget);
+      if (error.empty()) continue;
+      CAPTURE(error);
+      const std::string says = "; the least budget that runs this step is ";
+      const size_t at = error.rfind(says);
+      REQUIRE(at != std::string::npos);
+      const size_t least = std::stoull(error.substr(at + says.size()));
+      CHECK(error.substr(at + says.size()) == std::to_string(least) + " bytes");
+      CHECK(least > budget);
+      CHECK(step_under(least) == "");
+      CHECK(peak <= least);
+      const std::string below = step_under(least - 1), tail = says + std::to_string(least) + " bytes";
+      CAPTURE(below);
+      CHECK((below.size() > tail.size() && below.compare(below.size() - tail.size(), tail.size(), tail) == 0));
+      ++named;
+    }
+    CHECK(named >= 25);  // most trials name one (35 of 80 with this seed)
   }
 
   TEST_CASE("chunked units: empty params and empty states of any dtype, whole or chunked") {

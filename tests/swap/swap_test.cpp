@@ -101,6 +101,11 @@ TEST_SUITE("swap") {
     CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
   }
 
+  TEST_CASE("a SwapOptimizer without an adapter is a named error") {
+    CHECK(test::error_of([] { SwapOptimizer(nullptr, SwapConfig{}); }) ==
+          "[swap] SwapOptimizer needs a state adapter, got null");
+  }
+
   TEST_CASE("state restored from a checkpoint: bare -> swapped and swapped -> bare stay bitwise") {
     auto straight_params = test::swap_model(5);
     auto straight = make_muon(straight_params);
@@ -501,8 +506,8 @@ TEST_SUITE("swap") {
         ("[swap] device_budget_bytes 1000 is below an update unit even in chunks: " +
          std::to_string(worst.workspace_bytes) + " bytes of workspace + 256 bytes for two chunks of 32 " +
          "elements of its " + std::to_string(state_of(worst)) + " bytes of state (the unit of '" +
-         worst.params.front()->name + "'" + more + "; no budget below " + std::to_string(worst.workspace_bytes + 256) +
-         " bytes runs it)")
+         worst.params.front()->name + "'" + more + "); the least budget that runs this step is " +
+         std::to_string(worst.workspace_bytes + 256) + " bytes")
             .c_str(),
         Error);
     // Every unit fits alone, but the batches in flight with the largest workspace do not: the

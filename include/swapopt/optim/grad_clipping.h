@@ -17,7 +17,9 @@ namespace swapopt {
  *  layout weighs its local shard by 1 / (ranks holding the same elements), a param without one
  *  (the same on every rank) by 1 / world size, and each rank's f64 sum is exchanged exactly and
  *  added in rank order. Every rank gets the same norm and clips alike. A non-finite norm is
- * returned and clips nothing.
+ *  returned and clips nothing. Throws, changing nothing, for a null param, a param listed twice,
+ *  a grad released, not contiguous or on another device, and grads sharing memory (each would be
+ *  counted and scaled twice).
  */
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world = nullptr);
 /** clip_grad_norm with `world` held in a shared_ptr, as Muon::enable_hsdp takes it. */

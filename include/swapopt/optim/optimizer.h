@@ -337,6 +337,8 @@ class Optimizer {
   struct ParamRecord {
     const Param* param;
     size_t group;
+    /** The param's name when it was added: checkpoints name its state by it, so it stays. */
+    std::string name;
     /** Whether the shape and dtype below are fixed: once the optimizer lays out state for the
      *  param (its first update makes its state, a checkpoint loads it, a SwapOptimizer wraps the
      *  optimizer, enable_hsdp plans it), `data` may point at another buffer of them, nothing else.
@@ -359,6 +361,9 @@ class Optimizer {
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */
   std::unordered_set<std::string> param_names_;
+  /** Throws "[<optimizer>] parameter 'b' was renamed 'a' after it was added ..." for the first
+   *  param whose name changed: a checkpoint written then would name its state wrongly. */
+  void check_names_unchanged() const;
 };
 
 }  // namespace swapopt

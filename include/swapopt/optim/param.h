@@ -14,8 +14,8 @@ namespace swapopt {
  *  parameter is skipped and gets no state). For a distributed parameter, `data` is the local shard
  *  and `layout` its DTensor (mesh, placements, logical shape). */
 struct Param {
-  /** Non-empty, valid UTF-8 and unique within an optimizer: checkpoints name and check state by
-   *  it. */
+  /** Non-empty, valid UTF-8, unique within an optimizer and fixed once added to one: checkpoints
+   *  name and check state by it (a save or load after a rename throws, naming both names). */
   std::string name;
   /** The values (a distributed param: this rank's shard); defined, contiguous and on the
    *  optimizer's device. step() updates it in place. */

@@ -118,7 +118,8 @@ class PipelineSwapRuntime {
    *  is not monotone in the count). A unit too large for the budget, or for
    *  any plan of whole units, is chunked instead when it is chunkable (largest state first; its
    *  chunk_elements set here, as large as fits beside its workspace; its batch holds it alone);
-   *  throws naming the budget and the sizes that do not fit. */
+   *  throws naming the budget, the sizes that do not fit and the least budget that runs the step
+   *  (found by bisection: one byte less fails). */
   std::vector<size_t> plan_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs) const;
   /** Batches of whole units in flight at once: one offloading, one computing, one loading, so
    *  that the H2D and D2H streams and the math all overlap. Packed, they are staging arenas used
@@ -219,6 +220,19 @@ class PipelineSwapRuntime {
   std::optional<std::vector<size_t>> fit_batches(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
                                                  size_t budget, bool exhaustive, size_t& smallest_need,
                                                  size_t& need_workspace) const;
+  /** Why a budget holds no plan: a unit too large even in chunks (`unit` names it), or no count
+   *  of batches fits (`smallest_need`: the least a plan tried needed). */
+  struct PlanMiss {
+    std::string unit;  // "the unit of 'w' and 2 more params"; empty: every unit fits alone
+    bool chunkable = false;
+    size_t state_bytes = 0, workspace_bytes = 0, chunk_bytes = 0;
+    size_t smallest_need = SIZE_MAX, need_workspace = 0;
+  };
+  /** plan_batches' plan for `budget`, or empty with `miss` saying why. */
+  std::optional<std::vector<size_t>> plan_within(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
+                                                 size_t budget, PlanMiss& miss) const;
+  /** The least budget above `failing` whose plan_within() holds a plan (one byte less does not). */
+  size_t least_budget(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs, size_t failing) const;
   void allocate_arenas(std::span<const Batch> batches);
   void free_arenas();
   /** Packed: one copy per run between the host mirror and arena `parity`; returns bytes. */

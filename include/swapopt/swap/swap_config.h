@@ -28,8 +28,9 @@ struct SwapConfig {
    *  input and workspaces) fit in this many device bytes. A unit too large for that (its state
    *  alone, or in any cut into batches) runs in chunks instead: its state streams through two
    *  staging arenas, a range of elements at a time, beside its workspace (AdamW's and Muon's
-   *  units, HSDP assignments included; Muon's NS inputs stay whole). A budget below a unit's
-   *  workspace plus two chunks of 32 elements is a named error. */
+   *  units, HSDP assignments included; Muon's NS inputs stay whole). A budget no plan fits (below
+   *  a unit's workspace plus two chunks of 32 elements, or the batches in flight) is a named
+   *  error naming the least budget that runs the step. */
   std::optional<size_t> device_budget_bytes{};
   /** Keep the staging arenas' memory for the next step instead of giving it back after each one
    *  (Allocator::retain_freed with their bytes: on CUDA the release threshold of the device's

@@ -21,10 +21,10 @@ class AsyncSave;
  *  mirrors between steps and reaches the device a batch of update units at a time. */
 class SwapOptimizer {
  public:
-  /** Validates `config` and the adapter, allocates the pinned mirrors (once) and offloads any
-   *  state the optimizer already holds, waiting for it. The optimizer must outlive this wrapper;
-   *  while wrapped, its own step(), state_dict() and load_state_dict() and a second wrap are
-   *  named errors. */
+  /** Validates `config` and the adapter (null: a named error), allocates the pinned mirrors
+   *  (once) and offloads any state the optimizer already holds, waiting for it. The optimizer must
+   *  outlive this wrapper; while wrapped, its own step(), state_dict() and load_state_dict() and a
+   *  second wrap are named errors. */
   SwapOptimizer(std::unique_ptr<StateSwapAdapter> adapter, SwapConfig config);
   /** Hands the optimizer back with its state on the device again (copied from the mirrors), so
    *  it can go on bare; nothing is lost. */
