@@ -16,11 +16,13 @@
 #include <cctype>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -141,8 +143,13 @@ class GlooCommunicator final : public Communicator {
       // own connects); every collective below passes the collective timeout itself.
       context_->setTimeout(world_->timeout);
     } catch (const std::exception& e) {
+      // A FileStore refuses to write a key twice: the directory holds an earlier run's keys.
+      const bool stale = std::string_view(e.what()).find("File already exists") != std::string_view::npos;
       SWAPOPT_FAIL("[comm] rendezvous" << where_ << " through " << world_->store_address << ", this rank at "
-                                       << world_->hostname << ": " << e.what());
+                                       << world_->hostname << ": " << e.what()
+                                       << (stale ? " (the directory holds the keys of an earlier run: give each run an "
+                                                   "empty directory or its own SWAPOPT_RUN_ID)"
+                                                 : ""));
     }
   }
 
@@ -298,6 +305,17 @@ class GlooCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
+  SWAPOPT_CHECK(env.timeout.count() > 0, "[comm] the collective timeout must be > 0 ms, got " << env.timeout.count());
+  SWAPOPT_CHECK(
+      env.rendezvous_timeout.count() >= 0,
+      "[comm] the rendezvous timeout must be >= 0 ms (0: the default), got " << env.rendezvous_timeout.count());
+  SWAPOPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size,
+                "[comm] rank " << env.rank << " is outside a world of " << env.world_size);
+  SWAPOPT_CHECK(!env.redis.empty() || std::filesystem::is_directory(env.rendezvous_dir),
+                "[comm] the rendezvous directory '"
+                    << env.rendezvous_dir
+                    << "' (SWAPOPT_RENDEZVOUS) is not a directory: create it, empty, on "
+                       "a filesystem every rank sees, before the ranks start");
   auto world = std::make_shared<GlooWorld>();
   world->timeout = env.timeout;
   // Unset: never shorter than Gloo's own 30 s, so that a short collective limit does not make the

@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
@@ -8,16 +10,21 @@ namespace swapopt {
 
 namespace {
 
-int int_var(const char* name, bool required, int fallback) {
+/** A variable of decimal digits only (no sign, no spaces), at least `least` and below 2^30. */
+int int_var(const char* name, bool required, int fallback, int least = 0) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') {
     SWAPOPT_CHECK(!required, "[comm] environment variable " << name << " is not set");
     return fallback;
   }
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  SWAPOPT_CHECK(end != text && *end == '\0' && value >= 0 && value < (1L << 30),
+  const std::string_view digits(text);
+  SWAPOPT_CHECK(std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }),
                 "[comm] environment variable " << name << "='" << text << "' is not a non-negative integer");
+  constexpr long kMost = (1L << 30) - 1;
+  const long value = digits.size() > 10 ? kMost + 1 : std::strtol(text, nullptr, 10);
+  SWAPOPT_CHECK(value >= least && value <= kMost, "[comm] environment variable " << name << "='" << text
+                                                                                 << "' is outside [" << least << ", "
+                                                                                 << kMost << "]");
   return int(value);
 }
 
@@ -28,7 +35,7 @@ LaunchEnv LaunchEnv::from_environment() {
   env.rank = int_var("RANK", true, 0);
   env.world_size = int_var("WORLD_SIZE", true, 1);
   env.local_rank = int_var("LOCAL_RANK", false, env.rank);
-  env.timeout = std::chrono::milliseconds(int_var("SWAPOPT_TIMEOUT_MS", false, 30000));
+  env.timeout = std::chrono::milliseconds(int_var("SWAPOPT_TIMEOUT_MS", false, 30000, 1));
   env.rendezvous_timeout = std::chrono::milliseconds(int_var("SWAPOPT_RENDEZVOUS_TIMEOUT_MS", false, 0));
   if (const char* id = std::getenv("SWAPOPT_RUN_ID")) env.run_id = id;
   if (const char* redis = std::getenv("SWAPOPT_REDIS")) env.redis = redis;

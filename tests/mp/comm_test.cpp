@@ -189,9 +189,61 @@ TEST_SUITE("mp") {
     CHECK(env.timeout == std::chrono::milliseconds(1234));
     CHECK(env.rendezvous_timeout == std::chrono::milliseconds(60000));
     CHECK(env.run_id == "job7.2");
-    for (const char* name : {"RANK", "WORLD_SIZE", "SWAPOPT_RENDEZVOUS", "SWAPOPT_HOSTNAME", "SWAPOPT_TIMEOUT_MS",
-                             "SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "SWAPOPT_RUN_ID"})
+    // Digits only, within the range each takes; a timeout of 0 would fail every collective at once.
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"+1", "is not a non-negative integer"},       {" 1", "is not a non-negative integer"},
+        {"1 ", "is not a non-negative integer"},       {"-0", "is not a non-negative integer"},
+        {"99999999999", "is outside [0, 1073741823]"}, {"1073741824", "is outside [0, 1073741823]"}};
+    for (const auto& [text, says] : bad) {
+      ::setenv("LOCAL_RANK", text.c_str(), 1);
+      CHECK(test::error_of([] { LaunchEnv::from_environment(); }) ==
+            "[comm] environment variable LOCAL_RANK='" + text + "' " + says);
+    }
+    ::setenv("LOCAL_RANK", "1073741823", 1);
+    CHECK(LaunchEnv::from_environment().local_rank == 1073741823);
+    ::setenv("SWAPOPT_TIMEOUT_MS", "0", 1);
+    CHECK(test::error_of([] { LaunchEnv::from_environment(); }) ==
+          "[comm] environment variable SWAPOPT_TIMEOUT_MS='0' is outside [1, 1073741823]");
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SWAPOPT_RENDEZVOUS", "SWAPOPT_HOSTNAME",
+                             "SWAPOPT_TIMEOUT_MS", "SWAPOPT_RENDEZVOUS_TIMEOUT_MS", "SWAPOPT_RUN_ID"})
       ::unsetenv(name);
+  }
+
+  TEST_CASE("make_gloo_communicator refuses a zero timeout and a missing rendezvous directory before any rendezvous") {
+    LaunchEnv env;
+    env.rendezvous_dir = "/nonexistent/rdzv";
+    CHECK(test::error_of([&] { make_gloo_communicator(env); }) ==
+          "[comm] the rendezvous directory '/nonexistent/rdzv' (SWAPOPT_RENDEZVOUS) is not a directory: create it, "
+          "empty, on a filesystem every rank sees, before the ranks start");
+    env.rendezvous_dir = test::make_temp_dir("swapopt_rdzv_");
+    env.timeout = std::chrono::milliseconds(0);
+    CHECK(test::error_of([&] { make_gloo_communicator(env); }) ==
+          "[comm] the collective timeout must be > 0 ms, got 0");
+    env.timeout = std::chrono::milliseconds(1000);
+    env.rendezvous_timeout = std::chrono::milliseconds(-1);
+    CHECK(test::error_of([&] { make_gloo_communicator(env); }) ==
+          "[comm] the rendezvous timeout must be >= 0 ms (0: the default), got -1");
+    env.rendezvous_timeout = std::chrono::milliseconds(0);
+    env.rank = 1;
+    CHECK(test::error_of([&] { make_gloo_communicator(env); }) == "[comm] rank 1 is outside a world of 1");
+    env.rank = 0;
+    CHECK(make_gloo_communicator(env)->size() == 1);  // a world of one meets itself
+    std::filesystem::remove_all(env.rendezvous_dir);
+  }
+
+  TEST_CASE("a rendezvous directory an earlier run used: the error says to give each run its own") {
+    LaunchEnv env;
+    env.rendezvous_dir = test::make_temp_dir("swapopt_rdzv_");
+    env.timeout = env.rendezvous_timeout = std::chrono::milliseconds(2000);
+    make_gloo_communicator(env);
+    const std::string error = test::error_of([&] { make_gloo_communicator(env); });
+    CAPTURE(error);
+    CHECK(error.find("[comm] rendezvous on rank 0 of group 'world' (world rank 0; ") == 0);
+    CHECK(error.find("(the directory holds the keys of an earlier run: give each run an empty directory or its own "
+                     "SWAPOPT_RUN_ID)") != std::string::npos);
+    env.run_id = "attempt.2";
+    CHECK(make_gloo_communicator(env)->size() == 1);
+    std::filesystem::remove_all(env.rendezvous_dir);
   }
 
   // A restarted job: its ranks come back at different times, later than a collective may take.
