@@ -43,6 +43,12 @@ only_library() {
   ! ninja -C "$work/subproject/build" -t targets all | grep -E -q 'swapopt-(tests|bench|train|hsdp|smoke)'
 }
 check "subproject builds only the library" only_library
+# The consumer's program links as the C++ program it is: Meson links a target with nvcc when a
+# library it links has CUDA sources of its own (swapopt's kernels are a library taken whole).
+cpp_linked() {
+  grep -E '^build consumer: [a-z]+_LINKER' "$work/subproject/build/build.ninja" | grep -q '^build consumer: cpp_LINKER'
+}
+check "subproject's program linked by the C++ linker" cpp_linked
 portable() {
   local zmm
   zmm=$(objdump -d "$work/subproject/build/subprojects/swapopt/libswapopt.so" | grep -c zmm)
