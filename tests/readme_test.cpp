@@ -51,10 +51,10 @@ struct Trainer {
     auto opt = swap_muon_with_adamw(muon_adamw);  // state in pinned host memory: one step, one checkpoint
     if (first_step > 1) opt->load_checkpoint("run.safetensors");
     for (int step = first_step; step <= last_step; ++step) {
-      backward(params, step);               // yours: writes each param->grad on your stream
+      backward(params, step);               // yours: sets each param->grad, its values written on your stream
       clip_grad_norm(params, 1.0, stream);  // the global norm, clipped to 1
       opt->step();                          // enqueued on your stream, after the backward
-      opt->zero_grad();                     // the grad buffers are yours again once the step read them
+      opt->zero_grad();                     // every grad set to none: the next backward sets them again
       if (step % 10 == 0) opt->save_checkpoint("run.safetensors");  // straight from the host mirrors
     }
     opt->synchronize();  // step() is asynchronous: wait before reading the weights on the host
