@@ -91,6 +91,14 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
                                                       << " but its layout's local shard is "
                                                       << shape_str(p->layout->to_local().shape())
                                                       << " (data must be the shard its layout describes)");
+      SWAPOPT_CHECK(p->layout->mesh().rank() == world->rank(), "[Muon] enable_hsdp: parameter '"
+                                                                   << p->name << "' has the layout of mesh rank "
+                                                                   << p->layout->mesh().rank() << ", this is rank "
+                                                                   << world->rank() << " of the communicator");
+      SWAPOPT_CHECK(state_.count(p.get()) == 0, "[Muon] enable_hsdp: parameter '"
+                                                    << p->name
+                                                    << "' has state already (a step or a load before): enable HSDP "
+                                                       "before the first step, and load checkpoints after it");
       if (first == nullptr) first = p.get();
       SWAPOPT_CHECK(p->layout->mesh().shape() == first->layout->mesh().shape(),
                     "[Muon] enable_hsdp: parameter '" << p->name << "' is on a mesh of shape "

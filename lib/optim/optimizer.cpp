@@ -390,23 +390,30 @@ std::string Optimizer::metadata_json() const {
   using json::Value;
   validate_options();  // no non-finite or out-of-range value reaches a checkpoint
   check_names_unchanged();
-  Value groups = Value::array(), param_steps = Value::array(), param_names = Value::array();
+  Value groups = Value::array(), param_steps = Value::array(), param_names = Value::array(),
+        param_shards = Value::array();
+  bool sharded = false;
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     Value indices = Value::array();
     for (const ParamPtr& p : groups_[g].params) {
       indices.push_back(index++);
       param_names.push_back(p->name);
+      sharded = sharded || p->layout.has_value();
+      param_shards.push_back(p->layout ? Value(p->layout->local_offset()) : Value());
       const auto it = state_.find(p.get());
       param_steps.push_back(it == state_.end() ? int64_t(0) : it->second.step);
     }
     groups.push_back(Value::object(
         {{"options", json::parse(group_options_json(g))}, {"step", groups_[g].step}, {"params", std::move(indices)}}));
   }
-  const Value meta = Value::object({{"optimizer", name_},
-                                    {"groups", std::move(groups)},
-                                    {"param_steps", std::move(param_steps)},
-                                    {"param_names", std::move(param_names)}});
+  Value meta = Value::object({{"optimizer", name_},
+                              {"groups", std::move(groups)},
+                              {"param_steps", std::move(param_steps)},
+                              {"param_names", std::move(param_names)}});
+  // Where each distributed param's shard lies in its tensor (null: not distributed), so that a
+  // rank's file does not load onto another rank's shard of the same shape.
+  if (sharded) meta["param_shards"] = std::move(param_shards);
   return json::dump(meta, "the metadata");
 }
 
@@ -485,6 +492,23 @@ std::function<void()> Optimizer::prepare_load(
                   "[checkpoint] group " << g << " has step " << step << ": no step can follow it");
     group_steps.push_back(step);
     options_json.push_back(json::member(groups[g], "options", what).dump());
+  }
+  if (meta.contains("param_shards")) {  // written for distributed params; compared where both are
+    const auto& shards = json::get_array(json::member(meta, "param_shards", "metadata"), "param_shards");
+    SWAPOPT_CHECK(shards.size() == by_index.size(), "[checkpoint] param_shards lists " << shards.size()
+                                                                                       << " params, the optimizer has "
+                                                                                       << by_index.size());
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const Param& p = *by_index[i];
+      if (shards[i].is_null() || !p.layout) continue;
+      Shape theirs;
+      for (const json::Value& d : json::get_array(shards[i], "param_shards"))
+        theirs.push_back(json::get_int(d, "param_shards"));
+      SWAPOPT_CHECK(theirs == p.layout->local_offset(),
+                    "[checkpoint] param " << i << " ('" << p.name << "') holds the shard at " << shape_str(theirs)
+                                          << " of its tensor, this rank the shard at "
+                                          << shape_str(p.layout->local_offset()) << " (another rank's checkpoint?)");
+    }
   }
   const auto& steps = json::get_array(json::member(meta, "param_steps", "metadata"), "param_steps");
   SWAPOPT_CHECK(steps.size() == by_index.size(),

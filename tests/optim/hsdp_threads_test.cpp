@@ -301,3 +301,60 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "enable_hsdp refuses another rank's layout and params with state; a rank's checkpoint does not load on another "
+    "rank's shard") {
+  // Mesh 1x2, one 7x6 matrix sharded by rows (4 rows on rank 0, 3 on rank 1) and one 8x6 (4 each).
+  const auto mesh_of = [](int rank) {
+    return std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"},
+                                        rank);
+  };
+  const std::vector<Placement> rows = {Placement::Replicate(), Placement::Shard(0)};
+  const auto param_on = [&](const std::string& name, const Shape& shape, int layout_rank,
+                            const std::vector<Placement>& placements) {
+    const auto mesh = mesh_of(layout_rank);
+    const Shape local = DTensor::local_shape_at(shape, *mesh, placements, mesh->coordinate());
+    ParamPtr p = make_param(name, test::random_tensor(local, DType::f32, uint32_t(layout_rank + 1)));
+    p->layout = DTensor(p->data, shape, mesh, placements);
+    p->grad = test::random_tensor(local, DType::f32, uint32_t(layout_rank + 7));
+    return p;
+  };
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<StateDict> saved(2);
+  const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
+    auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+    // Another rank's layout: named before any collective, nothing enabled.
+    Muon crossed{Stream(Device::cpu())};
+    crossed.add_param_group({param_on("a", {8, 6}, rank, rows), param_on("b", {7, 6}, 1 - rank, rows)});
+    CHECK(test::error_of([&] { crossed.enable_hsdp(comm); }) ==
+          "[Muon] enable_hsdp: parameter 'b' has the layout of mesh rank " + std::to_string(1 - rank) +
+              ", this is rank " + std::to_string(rank) + " of the communicator");
+    CHECK_FALSE(crossed.hsdp_enabled());
+    // State before HSDP (a replicated param steps locally): the non-owners' momentum would go stale.
+    Muon stepped{Stream(Device::cpu())};
+    stepped.add_param_group({param_on("a", {8, 6}, rank, {Placement::Replicate(), Placement::Replicate()})});
+    stepped.step();
+    CHECK(test::error_of([&] { stepped.enable_hsdp(comm); }) ==
+          "[Muon] enable_hsdp: parameter 'a' has state already (a step or a load before): enable HSDP before the first "
+          "step, and load checkpoints after it");
+    // Each rank's checkpoint names its shard: the other rank's file, of the same shape, is refused.
+    Muon muon{Stream(Device::cpu())};
+    muon.add_param_group({param_on("a", {8, 6}, rank, rows)});
+    HsdpOptions named;
+    named.name = "checkpoint";
+    muon.enable_hsdp(comm, named);
+    muon.step();
+    saved[size_t(rank)] = muon.state_dict();
+    comm->barrier();
+    const std::string before = serialize_state_dict(muon.state_dict());
+    CHECK(test::error_of([&] { muon.load_state_dict(saved[size_t(1 - rank)]); }) ==
+          "[checkpoint] param 0 ('a') holds the shard at " + std::string(rank == 0 ? "[4, 0]" : "[0, 0]") +
+              " of its tensor, this rank the shard at " + (rank == 0 ? "[0, 0]" : "[4, 0]") +
+              " (another rank's checkpoint?)");
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+    muon.load_state_dict(saved[size_t(rank)]);
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+}

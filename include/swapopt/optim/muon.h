@@ -68,7 +68,10 @@ struct PostUpdateContext {
   int64_t step;            ///< The group's step count, this step included (1 after the first).
 };
 
-/** Replace parts of the math. Each runs on the host and must enqueue its work on `stream`. */
+/** Replace parts of the math. Each runs on the host and must enqueue its work on `stream`. They
+ *  run inside the step, after its checks: an exception from one, or a result of the wrong count
+ *  or size (a named error), leaves that step partly applied, as a CUDA error would (reload the
+ *  last checkpoint). */
 struct MuonHooks {
   /** Returns one NS input per grad (any shape with the grad's numel); replaces the momentum update. */
   std::function<std::vector<Tensor>(Stream& stream, const std::vector<Tensor>& grads, const std::vector<Tensor>& bufs,
@@ -139,7 +142,9 @@ class Muon : public Optimizer {
    *  512-byte aligned) in the owner's shard group, one rank computes Newton-Schulz of the full
    *  matrix and broadcasts the update in the shard group, and every rank applies its slice. Only
    *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). Not
-   *  while a SwapOptimizer wraps the optimizer: enable HSDP first, then wrap. */
+   *  while a SwapOptimizer wraps the optimizer: enable HSDP first, then wrap. Before the
+   *  collectives, throws for a param whose layout is another mesh rank's or that has state
+   *  already: turn HSDP on before the first step, and load checkpoints after it. */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
   /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }

@@ -221,8 +221,9 @@ class Optimizer {
   /** After the checks: whether this step is skipped (skip_nonfinite() and grads_nonfinite()).
    *  Changes nothing: the caller sets last_step_skipped() once the step cannot throw its checks. */
   bool skip_this_step();
-  /** skip_this_step() of `optimizers` stepped as one: a non-finite grad in any of them, on any
-   *  rank, skips them all (a vote only when one of them skips non-finite steps). */
+  /** skip_this_step() of `optimizers` stepped as one: a non-finite grad of any of them that skips
+   *  non-finite steps, on any rank, skips them all (the grads of one that does not are not read;
+   *  a vote only when one of them skips non-finite steps). */
   static bool skip_together(std::span<Optimizer* const> optimizers);
   /** The update itself, after step()'s checks passed. */
   virtual void run_step() = 0;
