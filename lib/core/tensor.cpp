@@ -164,6 +164,7 @@ void* Tensor::data_ptr() const {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
+  SWAPOPT_CHECK(defined(), "[Tensor::view] undefined tensor");
   SWAPOPT_CHECK(is_contiguous(), "[Tensor::view] " << str() << " is not contiguous");
   Shape resolved = shape;
   int64_t known = 1;

@@ -30,6 +30,7 @@ TEST_CASE("transpose, narrow, block and select make strided views") {
   CHECK(row.shape() == Shape{3});
   CHECK(row.to_float_vector() == std::vector<float>{3, 4, 5});
   CHECK_THROWS_WITH_AS(tt.view({6}), "[Tensor::view] Tensor(f32, [3, 2], cpu) is not contiguous", Error);
+  CHECK_THROWS_WITH_AS(Tensor().view({1}), "[Tensor::view] undefined tensor", Error);  // it gave an undefined view
   CHECK_THROWS_WITH_AS(t.narrow(1, 2, 2), "[Tensor::narrow] range [2, 4) out of dim 1 of Tensor(f32, [2, 3], cpu)", Error);
   CHECK_THROWS_WITH_AS(t.select(2, 0), "[Tensor::select] dim 2 out of range for 2-D tensor", Error);
   Tensor corner = t.block({1, 1}, {1, 2});
