@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -311,7 +312,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const LaunchEnv& env) {
       "[comm] the rendezvous timeout must be >= 0 ms (0: the default), got " << env.rendezvous_timeout.count());
   SWAPOPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size,
                 "[comm] rank " << env.rank << " is outside a world of " << env.world_size);
-  SWAPOPT_CHECK(!env.redis.empty() || std::filesystem::is_directory(env.rendezvous_dir),
+  std::error_code unreadable;  // a directory that cannot be looked at is not one to use
+  SWAPOPT_CHECK(!env.redis.empty() || std::filesystem::is_directory(env.rendezvous_dir, unreadable),
                 "[comm] the rendezvous directory '"
                     << env.rendezvous_dir
                     << "' (SWAPOPT_RENDEZVOUS) is not a directory: create it, empty, on "

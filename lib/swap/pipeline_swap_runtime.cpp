@@ -431,7 +431,7 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
 
 std::optional<std::vector<size_t>> PipelineSwapRuntime::plan_within(std::vector<UpdateUnit>& units,
                                                                     const std::vector<int64_t>& costs, size_t budget,
-                                                                    PlanMiss& miss) const {
+                                                                    PlanMiss& miss, bool thorough) const {
   // A unit that does not fit whole is chunked; the others may be, largest state first, when no
   // plan of whole units fits between the chunked ones.
   std::vector<size_t> candidates;
@@ -481,31 +481,42 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::plan_within(std::vector<
       units[candidates[chunked]].chunk_elements = largest_chunk(units[candidates[chunked]], budget);
   }
   // Every count of every segment before giving up (the bisection may have missed one).
+  if (!thorough) return std::nullopt;
   return fit_batches(units, costs, budget, true, miss.smallest_need, miss.need_workspace);
 }
 
 size_t PipelineSwapRuntime::least_budget(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
                                          size_t failing) const {
-  const auto runs = [&](size_t budget) {
+  const auto runs = [&](size_t budget, bool thorough) {
     std::vector<UpdateUnit> trial = units;
     PlanMiss ignored;
-    return plan_within(trial, costs, budget, ignored).has_value();
+    return plan_within(trial, costs, budget, ignored, thorough).has_value();
   };
-  // Every unit in one batch, beside the largest workspace, fits any pipeline; then bisection
-  // between a budget that fails and one that runs.
-  std::vector<UpdateUnit> all = units;
+  // Bisection between a budget that fails and one that runs, `thorough` as plan_batches plans or
+  // without its last scan of every count (O(n^2): a probe that fails costs what a step of many
+  // params costs, and most probes fail), which finds fewer plans, never more.
+  const auto bisect = [&](size_t lo, size_t hi, bool thorough) {
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      (runs(mid, thorough) ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  // Every unit in one batch, beside the largest workspace, fits any pipeline, at the first count
+  // a plan tries.
   size_t workspace = 0;
   for (const UpdateUnit& u : units) workspace = std::max(workspace, size_t(u.workspace_bytes));
+  std::vector<UpdateUnit> all = units;
   size_t lo = failing, hi = std::max(failing + 1, resident_bytes_needed(all, {units.size()}) + workspace);
-  while (!runs(hi)) {  // not expected; doubling keeps the answer true if it happens
+  while (!runs(hi, false)) {  // not expected; doubling keeps the answer true if it happens
     lo = hi;
     hi = hi > SIZE_MAX / 2 ? SIZE_MAX : 2 * hi;
   }
-  while (hi - lo > 1) {
-    const size_t mid = lo + (hi - lo) / 2;
-    (runs(mid) ? hi : lo) = mid;
-  }
-  return hi;
+  const size_t quick = bisect(lo, hi, false);  // runs as plan_batches plans too
+  // One byte less failing the quick search may still hold a plan the full one finds: then the full
+  // search below it.
+  if (quick - 1 == failing || !runs(quick - 1, true)) return quick;
+  return bisect(failing, quick - 1, true);
 }
 
 void PipelineSwapRuntime::trace(const char* what, size_t index) {

@@ -228,9 +228,10 @@ class PipelineSwapRuntime {
     size_t state_bytes = 0, workspace_bytes = 0, chunk_bytes = 0;
     size_t smallest_need = SIZE_MAX, need_workspace = 0;
   };
-  /** plan_batches' plan for `budget`, or empty with `miss` saying why. */
+  /** plan_batches' plan for `budget`, or empty with `miss` saying why; not `thorough`, without the
+   *  final scan of every count (fewer plans found, never more). */
   std::optional<std::vector<size_t>> plan_within(std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs,
-                                                 size_t budget, PlanMiss& miss) const;
+                                                 size_t budget, PlanMiss& miss, bool thorough = true) const;
   /** The least budget above `failing` whose plan_within() holds a plan (one byte less does not). */
   size_t least_budget(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs, size_t failing) const;
   void allocate_arenas(std::span<const Batch> batches);
