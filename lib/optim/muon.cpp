@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "group_options.h"
 #include "json.h"
@@ -395,11 +394,12 @@ void Muon::check_step_locally() {
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) {
         const double multiplier = update_multiplier(options_[g], core_shape(p->logical_shape()));
-        if (!std::isfinite(float(multiplier)))
-          SWAPOPT_FAIL("[Muon] parameter '" << p->name << "': lr x sqrt(" << shape_str(p->logical_shape())
-                                            << "'s larger side) x matched_adamw_rms is " << -multiplier
-                                            << ": beyond the f32 range the updates compute in (at most "
-                                            << std::numeric_limits<float>::max() << ")");
+        if (!std::isfinite(float(multiplier)))  // the message only where it fails: no string per param and step
+          check_derived_fits_f32(-multiplier,
+                                 ("parameter '" + p->name + "': lr x sqrt(" + shape_str(p->logical_shape()) +
+                                  "'s larger side) x matched_adamw_rms")
+                                     .c_str(),
+                                 "Muon");
       }
 }
 

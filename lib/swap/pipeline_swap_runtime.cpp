@@ -506,8 +506,7 @@ size_t PipelineSwapRuntime::least_budget(const std::vector<UpdateUnit>& units, c
   // a plan tries.
   size_t workspace = 0;
   for (const UpdateUnit& u : units) workspace = std::max(workspace, size_t(u.workspace_bytes));
-  std::vector<UpdateUnit> all = units;
-  size_t lo = failing, hi = std::max(failing + 1, resident_bytes_needed(all, {units.size()}) + workspace);
+  size_t lo = failing, hi = std::max(failing + 1, resident_bytes_needed(units, {units.size()}) + workspace);
   while (!runs(hi, false)) {  // not expected; doubling keeps the answer true if it happens
     lo = hi;
     hi = hi > SIZE_MAX / 2 ? SIZE_MAX : 2 * hi;
