@@ -27,7 +27,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -690,15 +692,23 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: swapopt-bench ns|momentum|swap|step|adamw|scale|pipeline|checkpoint|ops [--device cpu|cuda] [--reps N] "
       "[--dim D] [--budget BYTES (scale)] [--params N (scale)] [--retain-arenas 0|1 (scale)]\n";
-  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::printf("%s", usage);
-    return 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("%s", usage);
+      return 0;
+    }
   }
   if (argc < 2) {
     std::fprintf(stderr, "%s", usage);
     return 2;
   }
   std::string command = argv[1];
+  const std::vector<std::string> commands = {"ns",    "momentum", "swap",       "step", "adamw",
+                                             "scale", "pipeline", "checkpoint", "ops",  "checkpoint-run"};
+  if (std::find(commands.begin(), commands.end(), command) == commands.end()) {
+    std::fprintf(stderr, "unknown subcommand %s\n%s", command.c_str(), usage);
+    return 2;
+  }
   Options o;
   int first_flag = 2;
   std::string child_mode, child_path;
@@ -712,22 +722,48 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string flag = argv[i], value = argv[i + 1];
+    // A whole decimal integer in [least, most], or a named error (atoi read "--reps x" as 0).
+    const auto integer = [&](long long least, long long most, long long& out) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno == ERANGE || v < least || v > most) {
+        std::fprintf(stderr, "bad value '%s' for %s (an integer in [%lld, %lld])\n", value.c_str(), flag.c_str(), least,
+                     most);
+        return false;
+      }
+      out = v;
+      return true;
+    };
+    long long v = 0;
     if (flag == "--path" && !child_mode.empty()) child_path = value;
-    else if (flag == "--device") o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
-    else if (flag == "--reps") o.reps = std::max(1, std::atoi(value.c_str()));
-    else if (flag == "--budget") o.budget = size_t(std::max(0LL, std::atoll(value.c_str())));
-    else if (flag == "--params") o.params = std::max(0LL, std::atoll(value.c_str()));
-    else if (flag == "--retain-arenas") {
+    else if (flag == "--device") {
+      if (value != "cpu" && value != "cuda") {
+        std::fprintf(stderr, "bad value '%s' for --device (cpu or cuda)\n", value.c_str());
+        return 2;
+      }
+      o.device = value == "cuda" ? Device::cuda(0) : Device::cpu();
+    } else if (flag == "--reps") {
+      if (!integer(1, INT32_MAX, v)) return 2;
+      o.reps = int(v);
+    } else if (flag == "--budget") {
+      if (!integer(0, LLONG_MAX, v)) return 2;
+      o.budget = size_t(v);
+    } else if (flag == "--params") {
+      if (!integer(0, INT32_MAX, v)) return 2;
+      o.params = v;
+    } else if (flag == "--retain-arenas") {
       if (value != "0" && value != "1") {
         std::fprintf(stderr, "bad value '%s' for --retain-arenas (0 or 1)\n", value.c_str());
         return 2;
       }
       o.retain_arenas = value == "1";
     } else if (flag == "--dim") {
-      o.dim = std::max(16, std::atoi(value.c_str()));
+      if (!integer(16, 1 << 20, v)) return 2;
+      o.dim = v;
       o.dim_given = true;
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), usage);
       return 2;
     }
   }
@@ -742,11 +778,7 @@ int main(int argc, char** argv) {
     else if (command == "pipeline") run_pipeline(o);
     else if (command == "checkpoint") run_checkpoint(o, self_path());
     else if (command == "ops") run_ops(o);
-    else if (command == "checkpoint-run") run_checkpoint_child(o, child_mode, o.dim, child_path);
-    else {
-      std::fprintf(stderr, "unknown subcommand %s\n", command.c_str());
-      return 2;
-    }
+    else run_checkpoint_child(o, child_mode, o.dim, child_path);  // "checkpoint-run"
     // clang-format on
   } catch (const Error& e) {
     std::fprintf(stderr, "swapopt-bench: %s\n", e.what());
