@@ -75,37 +75,51 @@ bool Muon::keeps_state(const Param& param) const {
 
 void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options) {
   SWAPOPT_CHECK(world != nullptr, "[Muon] enable_hsdp needs a communicator");
-  SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
-  // The wrapper laid out its mirrors for every param, and a SwapOptimizerSet ordered its members,
-  // before the step became collective.
-  SWAPOPT_CHECK(!wrapped(),
-                "[Muon] enable_hsdp() on an optimizer wrapped by a SwapOptimizer: enable HSDP first, then "
-                "wrap the optimizer");
-  options.validate();
+  // The checks are local; every rank learns whether all passed before the first collective (the
+  // sub-groups' rendezvous), so that a rank refusing alone does not leave the others waiting there.
   const Param* first = nullptr;
-  for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) {
-      if (!p->layout) continue;
-      SWAPOPT_CHECK(p->data.shape() == p->layout->to_local().shape(),
-                    "[Muon] enable_hsdp: parameter '" << p->name << "' holds " << shape_str(p->data.shape())
-                                                      << " but its layout's local shard is "
-                                                      << shape_str(p->layout->to_local().shape())
-                                                      << " (data must be the shard its layout describes)");
-      SWAPOPT_CHECK(p->layout->mesh().rank() == world->rank(), "[Muon] enable_hsdp: parameter '"
-                                                                   << p->name << "' has the layout of mesh rank "
-                                                                   << p->layout->mesh().rank() << ", this is rank "
-                                                                   << world->rank() << " of the communicator");
-      SWAPOPT_CHECK(state_.count(p.get()) == 0, "[Muon] enable_hsdp: parameter '"
-                                                    << p->name
-                                                    << "' has state already (a step or a load before): enable HSDP "
-                                                       "before the first step, and load checkpoints after it");
-      if (first == nullptr) first = p.get();
-      SWAPOPT_CHECK(p->layout->mesh().shape() == first->layout->mesh().shape(),
-                    "[Muon] enable_hsdp: parameter '" << p->name << "' is on a mesh of shape "
-                                                      << shape_str(p->layout->mesh().shape()) << ", '" << first->name << "' on "
-                                                      << shape_str(first->layout->mesh().shape()) << "; HSDP needs one mesh");
-    }
-  SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
+  std::exception_ptr refused;
+  try {
+    SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
+    // The wrapper laid out its mirrors for every param, and a SwapOptimizerSet ordered its members,
+    // before the step became collective.
+    SWAPOPT_CHECK(!wrapped(),
+                  "[Muon] enable_hsdp() on an optimizer wrapped by a SwapOptimizer: enable HSDP first, then "
+                  "wrap the optimizer");
+    options.validate();
+    for (const ParamGroup& g : groups_)
+      for (const ParamPtr& p : g.params) {
+        if (!p->layout) continue;
+        SWAPOPT_CHECK(p->data.shape() == p->layout->to_local().shape(),
+                      "[Muon] enable_hsdp: parameter '" << p->name << "' holds " << shape_str(p->data.shape())
+                                                        << " but its layout's local shard is "
+                                                        << shape_str(p->layout->to_local().shape())
+                                                        << " (data must be the shard its layout describes)");
+        SWAPOPT_CHECK(p->layout->mesh().rank() == world->rank(), "[Muon] enable_hsdp: parameter '"
+                                                                     << p->name << "' has the layout of mesh rank "
+                                                                     << p->layout->mesh().rank() << ", this is rank "
+                                                                     << world->rank() << " of the communicator");
+        SWAPOPT_CHECK(state_.count(p.get()) == 0, "[Muon] enable_hsdp: parameter '"
+                                                      << p->name
+                                                      << "' has state already (a step or a load before): enable HSDP "
+                                                         "before the first step, and load checkpoints after it");
+        if (first == nullptr) first = p.get();
+        SWAPOPT_CHECK(p->layout->mesh().shape() == first->layout->mesh().shape(),
+                      "[Muon] enable_hsdp: parameter '" << p->name << "' is on a mesh of shape "
+                                                        << shape_str(p->layout->mesh().shape()) << ", '" << first->name
+                                                        << "' on " << shape_str(first->layout->mesh().shape())
+                                                        << "; HSDP needs one mesh");
+      }
+    SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  const bool refused_elsewhere =
+      world->size() > 1 && sum_over_ranks(*world, device(), {refused ? 1.f : 0.f})[0] > (refused ? 1.f : 0.f);
+  if (refused) std::rethrow_exception(refused);
+  SWAPOPT_CHECK(
+      !refused_elsewhere,
+      "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is not enabled");
   const int instance = hsdp_instances++;  // counted whether named or not, so ranks stay in step
   auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(),
                                                   options.name.empty() ? "hsdp" + std::to_string(instance) : options.name);

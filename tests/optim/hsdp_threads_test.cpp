@@ -303,8 +303,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "enable_hsdp refuses another rank's layout and params with state; a rank's checkpoint does not load on another "
-    "rank's shard") {
+    "enable_hsdp refuses another rank's layout and params with state, on every rank when one refuses; a rank's "
+    "checkpoint does not load on another rank's shard") {
   // Mesh 1x2, one 7x6 matrix sharded by rows (4 rows on rank 0, 3 on rank 1) and one 8x6 (4 each).
   const auto mesh_of = [](int rank) {
     return std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2}, std::vector<std::string>{"replicate", "shard"},
@@ -338,6 +338,17 @@ TEST_CASE(
     CHECK(test::error_of([&] { stepped.enable_hsdp(comm); }) ==
           "[Muon] enable_hsdp: parameter 'a' has state already (a step or a load before): enable HSDP before the first "
           "step, and load checkpoints after it");
+    // One rank alone refuses: the other learns it before the sub-groups' rendezvous (where it would
+    // wait for the refusing rank until the timeout), and neither enables HSDP.
+    Muon lone{Stream(Device::cpu())};
+    lone.add_param_group({param_on("a", {8, 6}, rank, {Placement::Replicate(), Placement::Replicate()})});
+    if (rank == 1) lone.step();
+    CHECK(test::error_of([&] { lone.enable_hsdp(comm); }) ==
+          (rank == 1 ? "[Muon] enable_hsdp: parameter 'a' has state already (a step or a load before): enable HSDP "
+                       "before the first step, and load checkpoints after it"
+                     : "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is not "
+                       "enabled"));
+    CHECK_FALSE(lone.hsdp_enabled());
     // Each rank's checkpoint names its shard: the other rank's file, of the same shape, is refused.
     Muon muon{Stream(Device::cpu())};
     muon.add_param_group({param_on("a", {8, 6}, rank, rows)});

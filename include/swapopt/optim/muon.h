@@ -144,7 +144,9 @@ class Muon : public Optimizer {
    *  owners keep momentum (of their shard). Creates the sub-groups it needs (collective). Not
    *  while a SwapOptimizer wraps the optimizer: enable HSDP first, then wrap. Before the
    *  collectives, throws for a param whose layout is another mesh rank's or that has state
-   *  already: turn HSDP on before the first step, and load checkpoints after it. */
+   *  already: turn HSDP on before the first step, and load checkpoints after it. The ranks agree
+   *  on those checks first (one all-reduce): when one rank refuses, every rank throws, the others
+   *  naming "another rank", and none enables HSDP. */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
   /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }
