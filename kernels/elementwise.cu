@@ -15,8 +15,10 @@ namespace {
 constexpr int kThreads = 256;
 
 template <int XD, int YD>
-// Not __restrict__: ops::scale passes x == y (each element is read by the thread that writes it,
-// before it writes it, so the exact overlap is safe; a restrict promise would not be).
+// No __restrict__ on an op's inputs and outputs, here and in the other kernels: an output may be
+// the very view of an input (ops::scale passes x == y; check_operands_apart lets any op run in
+// place). Each element is read by the thread that writes it, before it writes it, so the exact
+// overlap is safe; a restrict promise would not be.
 __global__ void axpby_kernel(int64_t n, float alpha, const void* x, float beta, void* y, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {
@@ -32,7 +34,7 @@ __global__ void axpby_kernel(int64_t n, float alpha, const void* x, float beta, 
 }
 
 template <int AD, int BD>
-__global__ void lerp_kernel(int64_t n, void* __restrict__ a, const void* __restrict__ b, float w, bool vectors) {
+__global__ void lerp_kernel(int64_t n, void* a, const void* b, float w, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {
     float x[kVec], y[kVec];
@@ -47,7 +49,7 @@ __global__ void lerp_kernel(int64_t n, void* __restrict__ a, const void* __restr
 }
 
 template <int SD, int DD>
-__global__ void cast_kernel(int64_t n, const void* __restrict__ src, void* __restrict__ dst, bool vectors) {
+__global__ void cast_kernel(int64_t n, const void* src, void* dst, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {
     float x[kVec];

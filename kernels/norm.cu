@@ -78,8 +78,8 @@ __global__ void norm_finish_by_block_kernel(int64_t count, int64_t slices, const
 }
 
 template <int D>
-__global__ void scale_by_inverse_norm_kernel(int64_t total, int64_t per, void* __restrict__ x, const float* __restrict__ norms,
-                                             float eps, bool vectors) {
+__global__ void scale_by_inverse_norm_kernel(int64_t total, int64_t per, void* x, const float* norms, float eps,
+                                             bool vectors) {
   const int64_t head = vector_part(total, vectors);
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {
     // per is a multiple of kVec when vectors are used: a vector lies in one matrix.
@@ -96,7 +96,7 @@ __global__ void scale_by_inverse_norm_kernel(int64_t total, int64_t per, void* _
 
 // Every thread that finds one writes the same value: no ordering needed.
 template <int D>
-__global__ void flag_nonfinite_kernel(int64_t n, const void* __restrict__ x, float* __restrict__ flag, bool vectors) {
+__global__ void flag_nonfinite_kernel(int64_t n, const void* x, float* flag, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   bool found = false;
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {

@@ -14,8 +14,8 @@ namespace {
 constexpr int kThreads = 256;
 
 template <int GD, int BD, int UD>
-__global__ void muon_momentum_kernel(int64_t n, const void* __restrict__ grad, void* __restrict__ buf, void* __restrict__ update,
-                                     float m1, float m2, bool nesterov, bool vectors) {
+__global__ void muon_momentum_kernel(int64_t n, const void* grad, void* buf, void* update, float m1, float m2,
+                                     bool nesterov, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   for (int64_t v = first_index(); v < head / kVec; v += grid_stride()) {
     float g[kVec], b[kVec], u[kVec];
@@ -42,8 +42,7 @@ __global__ void muon_momentum_kernel(int64_t n, const void* __restrict__ grad, v
 
 /** AdamW on elements [w * kVec, w * kVec + kVec) of 16-byte aligned buffers. */
 template <int PD, int GD, bool kAmsgrad>
-__device__ __forceinline__ void adamw_vector(void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
-                                             float* __restrict__ v, float* __restrict__ vmax, int64_t w,
+__device__ __forceinline__ void adamw_vector(void* param, const void* grad, float* m, float* v, float* vmax, int64_t w,
                                              const formula::AdamWScalars& k) {
   float p[kVec], g[kVec], mm[kVec], vv[kVec], vm[kVec];
   load_vec<PD>(param, w, p);
@@ -61,15 +60,14 @@ __device__ __forceinline__ void adamw_vector(void* __restrict__ param, const voi
 
 /** AdamW on element i. */
 template <int PD, int GD, bool kAmsgrad>
-__device__ __forceinline__ void adamw_element(void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
-                                              float* __restrict__ v, float* __restrict__ vmax, int64_t i,
+__device__ __forceinline__ void adamw_element(void* param, const void* grad, float* m, float* v, float* vmax, int64_t i,
                                               const formula::AdamWScalars& k) {
   store_f32<PD>(param, i, formula::adamw(load_f32<PD>(param, i), load_f32<GD>(grad, i), m[i], v[i], kAmsgrad ? vmax + i : nullptr, k));
 }
 
 template <int PD, int GD, bool kAmsgrad>
-__global__ void adamw_kernel(int64_t n, void* __restrict__ param, const void* __restrict__ grad, float* __restrict__ m,
-                             float* __restrict__ v, float* __restrict__ vmax, formula::AdamWScalars k, bool vectors) {
+__global__ void adamw_kernel(int64_t n, void* param, const void* grad, float* m, float* v, float* vmax,
+                             formula::AdamWScalars k, bool vectors) {
   const int64_t head = vector_part(n, vectors);
   for (int64_t w = first_index(); w < head / kVec; w += grid_stride()) adamw_vector<PD, GD, kAmsgrad>(param, grad, m, v, vmax, w, k);
   for (int64_t i = head + first_index(); i < n; i += grid_stride()) adamw_element<PD, GD, kAmsgrad>(param, grad, m, v, vmax, i, k);

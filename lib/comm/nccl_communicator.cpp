@@ -15,6 +15,7 @@
 #include "nccl_lifecycle.h"
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
+#include "swapopt/core/ops.h"
 #include "swapopt/core/stream.h"
 
 /** Throws swapopt::Error with the call text, file:line and NCCL's error string. */
@@ -224,6 +225,8 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check(tensor, "broadcast");
+    // Checked here: NCCL fails a bad root asynchronously, which aborts the communicator.
+    SWAPOPT_CHECK(root >= 0 && root < size(), "[comm] broadcast root " << root << " outside group of " << size());
     void* data = tensor.data_ptr();
     cuda::DeviceGuard guard(stream_.device().index);
     return finish("broadcast",
@@ -295,7 +298,11 @@ class NcclCommunicator final : public Communicator {
     stream_.wait(*producer_point_);
   }
   void barrier() override {
-    const Tensor token = Tensor::zeros({1}, DType::f32, stream_.device());
+    // Allocated, zeroed and freed in order on the NCCL stream: a token made without a stream would
+    // synchronise the whole device (Tensor::zeros, and its free) and block there, out of reach of
+    // the timeout, behind a collective that a missing peer keeps from finishing.
+    const Tensor token = Tensor::empty({1}, DType::f32, stream_.device(), &stream_);
+    ops::fill_zero(stream_, token);
     all_reduce(token)->wait();
   }
   // Sub-groups get ids through the bootstrap's own sub-group: only the members call, which is

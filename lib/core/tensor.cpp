@@ -73,6 +73,10 @@ std::optional<int64_t> view_span(const Shape& shape, const Shape& strides, size_
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* stream) {
   check_shape(shape, "Tensor::empty", dtype);
+  // Stream-ordered device memory comes from the pool of the stream's device, on that stream.
+  SWAPOPT_CHECK(stream == nullptr || device.is_cpu() || stream->device() == device,
+                "[Tensor::empty] memory on " << device.str() << " ordered on a stream of " << stream->device().str()
+                                             << ": give a stream of the same device, or none");
   const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   return on_storage(std::make_shared<Storage>(nbytes, device, device_allocator(device), stream), 0, shape, dtype);
 }

@@ -1,4 +1,5 @@
 // CUDA ops: GEMM and SYRK on cuBLAS (f32 accumulation), the rest as kernels/ launches.
+#include <algorithm>
 #include <vector>
 
 #include "../../kernels/kernels.h"
@@ -28,6 +29,9 @@ cudaDataType_t cuda_type(DType t) {
 
 int code(DType t) { return int(t); }
 
+/** A column-major leading dimension cuBLAS takes: at least max(1, rows stored). */
+int leading_dim(int64_t ld, int64_t stored_rows) { return int(std::max<int64_t>({ld, stored_rows, 1})); }
+
 }  // namespace
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix read
@@ -36,12 +40,16 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
           float beta) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const MatrixLayout la = matrix_layout(a, "gemm"), lb = matrix_layout(b, "gemm"), lc = matrix_layout(c, "gemm");
+  if (lc.batch == 0 || lc.rows == 0 || lc.cols == 0) return;  // no output element
   const int64_t k = trans_a ? la.rows : la.cols;
+  // cuBLAS refuses a leading dimension below max(1, the stored rows), which a matrix without
+  // columns (k == 0: C = beta C) has; nothing of it is read then.
+  const int ldb = leading_dim(lb.ld, trans_b ? k : lc.cols), lda = leading_dim(la.ld, trans_a ? lc.rows : k);
   CudaStream& s = cuda_stream(stream);
   SWAPOPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       s.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(lc.cols), int(lc.rows),
-      int(k), &alpha, b.data_ptr(), cuda_type(b.dtype()), int(lb.ld), lb.batch_stride, a.data_ptr(), cuda_type(a.dtype()),
-      int(la.ld), la.batch_stride, &beta, c.data_ptr(), cuda_type(c.dtype()), int(lc.ld), lc.batch_stride, int(lc.batch),
+      int(k), &alpha, b.data_ptr(), cuda_type(b.dtype()), ldb, lb.batch_stride, a.data_ptr(), cuda_type(a.dtype()), lda,
+      la.batch_stride, &beta, c.data_ptr(), cuda_type(c.dtype()), int(lc.ld), lc.batch_stride, int(lc.batch),
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -55,6 +63,7 @@ constexpr int64_t kBlockedSyrkSide = 4096;
 void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
+  if (lc.batch == 0 || lc.rows == 0) return;  // no output element
   CudaStream& s = cuda_stream(stream);
   if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
     if (lc.rows < kBlockedSyrkSide) {
@@ -77,8 +86,10 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float 
       const float* ap = a.data<float>() + batch * la.batch_stride;
       float* cp = c.data<float>() + batch * lc.batch_stride;
       // Read column-major, a is a^T: a @ a^T is (a^T)^T (a^T) (OP_T), a^T @ a is (a^T)(a^T)^T (OP_N).
-      SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, trans_a ? CUBLAS_OP_N : CUBLAS_OP_T, int(lc.rows),
-                                       int(trans_a ? la.rows : la.cols), &alpha, ap, int(la.ld), &beta, cp, int(lc.ld)));
+      const int64_t k = trans_a ? la.rows : la.cols;
+      SWAPOPT_CUBLAS_CHECK(cublasSsyrk(s.cublas(), CUBLAS_FILL_MODE_UPPER, trans_a ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                       int(lc.rows), int(k), &alpha, ap, leading_dim(la.ld, trans_a ? lc.rows : k),
+                                       &beta, cp, int(lc.ld)));
     }
   }
   kernels::mirror_lower(s.stream(), lc.batch, lc.rows, lc.ld, lc.batch_stride, c.data_ptr(), code(c.dtype()));

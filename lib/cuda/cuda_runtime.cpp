@@ -1,17 +1,18 @@
 // CUDA devices, allocators, streams and events.
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "../core/counting_allocator.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "cuda_stream.h"
-
-#include <cudaTypedefs.h>
 
 namespace swapopt::cuda {
 
@@ -96,20 +97,36 @@ class CudaDeviceAllocator final : public Allocator {
   std::mutex retain_mutex_;
 };
 
+/** Page-locked host memory (cudaHostAlloc, portable: pinned for every device's context). It is
+ *  allocated in the context of the device whose stream asks for it (the swap runtime passes its
+ *  compute stream), else in use_device()'s or the thread's current device's, and freed in the
+ *  same context: a thread that only used swapopt's streams of device k has no current device of
+ *  its own, and the runtime's fallback, device 0, would get a context of its own on every rank. */
 class PinnedAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes, Stream*) override {
+  void* allocate(size_t nbytes, Stream* stream) override {
     if (nbytes == 0) return nullptr;
-    DeviceGuard guard(process_device());
+    const int device = stream != nullptr && stream->device().is_cuda() ? stream->device().index : process_device();
+    DeviceGuard guard(device);
     void* ptr = nullptr;
-    // Portable: pinned for every device's context, not only the one current here.
     SWAPOPT_CUDA_CHECK(cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      devices_[ptr] = device;
+    }
     counter_.on_allocate(nbytes);
     return ptr;
   }
   void deallocate(void* ptr, size_t nbytes, Stream*) override {  // reached from ~Storage: never throws
     if (ptr == nullptr) return;
-    DeviceGuard guard(process_device(std::nothrow), std::nothrow);
+    int device = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto found = devices_.find(ptr);
+      device = found != devices_.end() ? found->second : process_device(std::nothrow);
+      if (found != devices_.end()) devices_.erase(found);
+    }
+    DeviceGuard guard(device, std::nothrow);
     SWAPOPT_CUDA_WARN(cudaFreeHost(ptr));
     counter_.on_free(nbytes);
   }
@@ -118,6 +135,8 @@ class PinnedAllocator final : public Allocator {
 
  private:
   ByteCounter counter_;
+  std::mutex mutex_;
+  std::unordered_map<void*, int> devices_;  // the device each live allocation was made with
 };
 
 }  // namespace
@@ -267,20 +286,33 @@ CudaStream::CudaStream(int index) : index_(index) {
   // Non-blocking: ordered with other streams (the trainer's, the legacy default stream) only
   // through events, so a copy stream never waits for unrelated work there.
   SWAPOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
-  SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 }
 
 CudaStream::CudaStream(int index, cudaStream_t borrowed) : index_(index), stream_(borrowed), owned_(false) {
   check_device(index, "Stream::borrow");
-  DeviceGuard guard(index);
-  SWAPOPT_CUBLAS_CHECK(cublasCreate(&cublas_));
-  SWAPOPT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+}
+
+cublasHandle_t CudaStream::cublas() const {
+  // A failed attempt leaves the flag unset: the next call tries again.
+  std::call_once(cublas_made_, [this] {
+    DeviceGuard guard(index_);
+    cublasHandle_t handle = nullptr;
+    SWAPOPT_CUBLAS_CHECK(cublasCreate(&handle));
+    const cublasStatus_t bound = cublasSetStream(handle, stream_);
+    if (bound != CUBLAS_STATUS_SUCCESS) cublasDestroy(handle);
+    SWAPOPT_CUBLAS_CHECK(bound);
+    cublas_ = handle;
+  });
+  return cublas_;
 }
 
 CudaStream::~CudaStream() {
   DeviceGuard guard(index_, std::nothrow);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) {
+    const cublasStatus_t destroyed = cublasDestroy(cublas_);
+    if (destroyed != CUBLAS_STATUS_SUCCESS)
+      std::fprintf(stderr, "swapopt: cublasDestroy() failed: %s\n", cublasGetStatusString(destroyed));
+  }
   if (owned_ && stream_ != nullptr) SWAPOPT_CUDA_WARN(cudaStreamDestroy(stream_));
 }
 

@@ -3,9 +3,10 @@
 
 #include <cublas_v2.h>
 #include <cuda.h>
-
-#include <new>
 #include <cuda_runtime.h>
+
+#include <mutex>
+#include <new>
 
 #include "../core/stream_impl.h"
 
@@ -28,13 +29,16 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
-/** The device pinned memory is allocated near: use_device()'s, else the calling thread's current. */
+/** The device whose context allocates pinned memory no CUDA stream asked for: use_device()'s, else
+ *  the calling thread's current. */
 int process_device();
 /** The same for destructor paths: device 0 when the runtime cannot answer; never throws. */
 int process_device(std::nothrow_t) noexcept;
 
-/** A non-blocking cudaStream_t with its own cuBLAS handle (so cuBLAS workspaces never cross streams),
- *  created here or borrowed from the caller (then never destroyed here). */
+/** A non-blocking cudaStream_t, created here or borrowed from the caller (then never destroyed
+ *  here), with its own cuBLAS handle (so cuBLAS workspaces never cross streams) made at its first
+ *  GEMM or SYRK: copy streams and most borrowed ones never run cuBLAS, and a handle costs a
+ *  workspace and a device synchronisation when destroyed. */
 class CudaStream final : public StreamImpl {
  public:
   explicit CudaStream(int index);
@@ -47,13 +51,15 @@ class CudaStream final : public StreamImpl {
   void* native_handle() const override { return stream_; }
   void enqueue(std::function<void()> fn) override;
   cudaStream_t stream() const { return stream_; }
-  cublasHandle_t cublas() const { return cublas_; }
+  /** The stream's cuBLAS handle, made at the first call; call with the stream's device current. */
+  cublasHandle_t cublas() const;
 
  private:
   int index_;
   cudaStream_t stream_ = nullptr;
   bool owned_ = true;
-  cublasHandle_t cublas_ = nullptr;
+  mutable std::once_flag cublas_made_;
+  mutable cublasHandle_t cublas_ = nullptr;
 };
 
 class CudaEvent final : public EventImpl {

@@ -605,7 +605,9 @@ std::function<void()> Optimizer::prepare_load(
 std::function<void()> Optimizer::prepare_device_load(const CheckpointReader& checkpoint) {
   std::function<void()> apply =
       prepare_load(checkpoint, [this](const Param& param, const std::string& key, const TensorReader& tensor) {
-        Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, device());
+        // Stream-ordered on the optimizer's stream, the only one that uses state: freeing it later
+        // (a load replacing it) needs no wait for the whole device.
+        Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, device(), &stream_);
         fill_from(stream_, device_copy, tensor);
         state_[&param].tensors[key] = device_copy;
       });

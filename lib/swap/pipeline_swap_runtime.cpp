@@ -68,9 +68,14 @@ PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
 PipelineSwapRuntime::~PipelineSwapRuntime() {
   // The copies use the mirrors and arenas; the compute stream's reads of the arenas precede the
   // offloads' events, so it is not waited for (it is the caller's stream, with the caller's work).
-  try {
-    synchronize_copies();
-  } catch (...) {  // destructors never throw; a stream error was already reported by step()
+  // Each stream on its own: a failed wait on one must not skip the other, whose copies may still
+  // be writing the mirrors freed next. Destructors never throw; a stream error was already
+  // reported by step().
+  for (Stream* copies : {&h2d_, &d2h_}) {
+    try {
+      copies->synchronize();
+    } catch (...) {
+    }
   }
 }
 
@@ -95,7 +100,8 @@ void PipelineSwapRuntime::build(const std::vector<SlotSpec>& layout, Optimizer& 
     kept.push_back(&spec);
   }
   for (size_t d = 0; d < 3; ++d)
-    if (used[d]) host_buffers_[d] = std::make_shared<Storage>(totals[d], Device::cpu(), pinned_host_allocator());
+    if (used[d])  // pinned in the compute device's context (a CPU storage keeps no stream)
+      host_buffers_[d] = std::make_shared<Storage>(totals[d], Device::cpu(), pinned_host_allocator(), &compute_);
   std::vector<SwapSlot*> adopted;
   for (size_t i = 0; i < kept.size(); ++i) {
     const SlotSpec& spec = *kept[i];

@@ -260,7 +260,7 @@ std::function<void()> SwapOptimizer::prepare_load(const CheckpointReader& checkp
       slot->created = true;
       opt.state()[&param].tensors[key] = slot->device;
     } else {
-      Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, opt.device());
+      Tensor device_copy = Tensor::empty(tensor.shape, tensor.dtype, opt.device(), &opt.stream());  // as a step's state
       fill_from(opt.stream(), device_copy, tensor);
       opt.state()[&param].tensors[key] = device_copy;
     }

@@ -61,12 +61,18 @@ TEST_CASE("sizes that overflow an int64 are named errors, never a view outside i
                        "[Tensor::from_blob] strides [4611686018427387903, 1] for shape [2, 2] are too large", Error);
 }
 
-TEST_CASE("a device that cannot exist is a named error") {
+TEST_CASE("a device that cannot exist, or a stream of another device, is a named error") {
   CHECK_THROWS_WITH_AS(Tensor::empty({2, 3}, DType::f32, Device{DeviceType::cpu, 1}),
                        "[Tensor] no device cpu index 1 (the CPU is Device::cpu(), index 0)", Error);
   float blob[4] = {};
   CHECK_THROWS_WITH_AS(Tensor::from_blob(blob, {4}, DType::f32, Device{DeviceType::cuda, -1}),
                        "[Tensor] no device cuda index -1", Error);
+  // A GPU's stream-ordered memory comes from its stream's device (a CPU stream's handle is no
+  // cudaStream_t): refused before any allocator is asked, with or without a GPU.
+  Stream cpu_stream(Device::cpu());
+  CHECK_THROWS_WITH_AS(
+      Tensor::empty({4}, DType::f32, Device::cuda(0), &cpu_stream),
+      "[Tensor::empty] memory on cuda:0 ordered on a stream of cpu: give a stream of the same device, or none", Error);
 }
 
 TEST_CASE("release and restore are seen by every view of a storage") {

@@ -36,9 +36,9 @@ class Tensor {
  public:
   Tensor() = default;  // undefined tensor
 
-  /** Uninitialised contiguous tensor; `stream` orders its allocation and free (see Storage).
-   *  Without a stream, a CUDA tensor's memory is synchronous: usable on every stream once this
-   *  returns, and its free waits for the device. */
+  /** Uninitialised contiguous tensor; `stream` orders its allocation and free (see Storage), and
+   *  for a CUDA tensor must be a stream of `device`. Without a stream, a CUDA tensor's memory is
+   *  synchronous: usable on every stream once this returns, and its free waits for the device. */
   static Tensor empty(const Shape& shape, DType dtype, Device device, Stream* stream = nullptr);
   /** Zero-filled contiguous tensor (synchronous). */
   static Tensor zeros(const Shape& shape, DType dtype, Device device);
