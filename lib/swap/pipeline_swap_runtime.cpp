@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "../core/ops_between_allocations.h"
+#include "budget_miss.h"
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
@@ -418,21 +419,25 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   PlanMiss miss;
   if (std::optional<std::vector<size_t>> sizes = plan_within(units, costs, budget, miss)) return *sizes;
   for (UpdateUnit& u : units) u.chunk_elements = 0;
-  const std::string least =
-      "the least budget that runs this step is " + std::to_string(least_budget(units, costs, budget)) + " bytes";
-  if (!miss.unit.empty()) {
-    SWAPOPT_CHECK(miss.chunkable, "[swap] device_budget_bytes "
-                                      << budget << " is below an update unit that cannot run in chunks: "
-                                      << miss.state_bytes << " bytes of state + " << miss.workspace_bytes
-                                      << " bytes of workspace (" << miss.unit << "); " << least);
-    SWAPOPT_FAIL("[swap] device_budget_bytes "
-                 << budget << " is below an update unit even in chunks: " << miss.workspace_bytes
-                 << " bytes of workspace + " << miss.chunk_bytes << " bytes for two chunks of " << kChunkQuantum
-                 << " elements of its " << miss.state_bytes << " bytes of state (" << miss.unit << "); " << least);
+  const size_t least = least_budget(units, costs, budget);
+  std::ostringstream what;
+  what << "[swap] device_budget_bytes " << budget;
+  if (miss.unit.empty()) {
+    what << " cannot hold the batches in flight (the closest plan needs " << miss.smallest_need << " bytes, "
+         << miss.need_workspace << " of them the largest unit workspace)";
+  } else if (!miss.chunkable) {
+    what << " is below an update unit that cannot run in chunks: " << miss.state_bytes << " bytes of state + "
+         << miss.workspace_bytes << " bytes of workspace (" << miss.unit << ")";
+  } else if (miss.state_bytes <= miss.chunk_bytes) {  // whole, it needs less than in chunks
+    what << " is below an update unit: " << miss.state_bytes << " bytes of state + " << miss.workspace_bytes
+         << " bytes of workspace, less than its two chunks of " << kChunkQuantum << " elements would take ("
+         << miss.unit << ")";
+  } else {
+    what << " is below an update unit even in chunks: " << miss.workspace_bytes << " bytes of workspace + "
+         << miss.chunk_bytes << " bytes for two chunks of " << kChunkQuantum << " elements of its " << miss.state_bytes
+         << " bytes of state (" << miss.unit << ")";
   }
-  SWAPOPT_FAIL("[swap] device_budget_bytes " << budget << " cannot hold the batches in flight (the closest plan needs "
-                                             << miss.smallest_need << " bytes, " << miss.need_workspace
-                                             << " of them the largest unit workspace); " << least);
+  throw BudgetMiss(what.str(), least);
 }
 
 std::optional<std::vector<size_t>> PipelineSwapRuntime::plan_within(std::vector<UpdateUnit>& units,

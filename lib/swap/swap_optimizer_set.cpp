@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -11,6 +12,7 @@
 #include "../optim/disjoint_params.h"
 #include "../optim/member_checkpoint.h"
 #include "async_save.h"
+#include "budget_miss.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -87,8 +89,20 @@ void SwapOptimizerSet::step() {
     members_[i].second->stamp(plans[i]);
   }
   if (!skip) {
+    // Every member plans, also after one misses its budget, so that the error names the least
+    // budget that runs every member (the largest of theirs), not the first missing member's.
     const auto plan_all = [&] {
-      for (size_t i = 0; i < members_.size(); ++i) members_[i].second->plan_units(plans[i]);
+      std::optional<BudgetMiss> first;
+      size_t least = 0;
+      for (size_t i = 0; i < members_.size(); ++i) {
+        try {
+          members_[i].second->plan_units(plans[i]);
+        } catch (const BudgetMiss& miss) {
+          if (!first) first = miss;
+          least = std::max(least, miss.least());
+        }
+      }
+      if (first) throw first->naming(least);
       return false;
     };
     const auto budgeted = std::find_if(members_.begin(), members_.end(), [](const Member& m) {
@@ -250,10 +264,31 @@ std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapC
                                        << "swaps [" << comma_list(muon_keys) << "], AdamW [" << comma_list(adamw_keys)
                                        << "]");
   }
-  std::vector<SwapOptimizerSet::Member> members;
-  members.emplace_back("muon", swap_muon(opt.muon(), muon_config));
-  members.emplace_back("adamw", swap_adamw(opt.adamw(), adamw_config));
-  return std::make_unique<SwapOptimizerSet>(std::move(members));
+  // Wrapping fixes a half's param layouts, also when the other half's wrap or the set then
+  // refuses: the layouts fixed here are unfixed again, so that a refused call changes nothing.
+  const std::vector<bool> muon_fixed = SwapOptimizerSet::fixed_layouts(opt.muon()),
+                          adamw_fixed = SwapOptimizerSet::fixed_layouts(opt.adamw());
+  try {
+    std::vector<SwapOptimizerSet::Member> members;
+    members.emplace_back("muon", swap_muon(opt.muon(), muon_config));
+    members.emplace_back("adamw", swap_adamw(opt.adamw(), adamw_config));
+    return std::make_unique<SwapOptimizerSet>(std::move(members));
+  } catch (...) {  // the wrappers made are gone, their state handed back
+    SwapOptimizerSet::unfix_layouts_since(opt.muon(), muon_fixed);
+    SwapOptimizerSet::unfix_layouts_since(opt.adamw(), adamw_fixed);
+    throw;
+  }
+}
+
+std::vector<bool> SwapOptimizerSet::fixed_layouts(const Optimizer& optimizer) {
+  std::vector<bool> fixed;
+  for (const Optimizer::ParamRecord& record : optimizer.records_) fixed.push_back(record.fixed);
+  return fixed;
+}
+
+void SwapOptimizerSet::unfix_layouts_since(Optimizer& optimizer, const std::vector<bool>& fixed_before) {
+  for (size_t i = 0; i < fixed_before.size() && i < optimizer.records_.size(); ++i)
+    if (!fixed_before[i]) optimizer.records_[i].fixed = false;
 }
 
 }  // namespace swapopt

@@ -146,11 +146,13 @@ moved_prefix() {
   pc=$(dirname "$(find "$work/moved" -name swapopt.pc | head -1)")
   cflags=$(PKG_CONFIG_PATH="$pc" pkg-config --cflags swapopt) || return 1
   libs=$(PKG_CONFIG_PATH="$pc" pkg-config --libs swapopt) || return 1
-  libdir=$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir swapopt)
+  libdir=$(realpath "$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir swapopt)")
   echo "moved: pkg-config --cflags --libs swapopt: $cflags $libs"
   c++ -std=c++20 "$work/main.cpp" $cflags -o "$work/consumer-moved" $libs -Wl,-rpath,"$libdir" \
     >"$work/moved.log" 2>&1 || { tail -20 "$work/moved.log"; return 1; }
   train=$(find "$work/moved" -name swapopt-train -type f | head -1)
+  # A runtime-only copy of the prefix has no pkgconfig folder: the rpath must not run through it.
+  mv "$pc" "$pc.gone"
   env -u LD_LIBRARY_PATH "$work/consumer-moved" && env -u LD_LIBRARY_PATH "$train" --help >/dev/null
 }
 check "installed prefix moved" moved_prefix

@@ -248,12 +248,15 @@ TEST_SUITE("swap") {
   }
 
   TEST_CASE(
-      "a budget that holds no plan names the least one that does: it runs, one byte less does not (random models)") {
+      "a budget that holds no plan names the least one that does: it runs, one byte less does not (random models, "
+      "one optimizer or a set)") {
     std::mt19937 rng(20261206);
     int named = 0;
-    for (int trial = 0; trial < 80; ++trial) {
+    for (int trial = 0; trial < 120; ++trial) {
       CAPTURE(trial);
-      const bool muon = rng() % 2 == 0;
+      // Muon, AdamW, or a set of both (its members plan apart; the least budget runs every one).
+      const int mode = int(rng() % 3);
+      CAPTURE(mode);
       SwapConfig config;
       config.packed = rng() % 2 == 0;
       config.min_numel = std::vector<int64_t>{0, 1, 64}[rng() % 3];
@@ -263,6 +266,12 @@ TEST_SUITE("swap") {
       for (size_t i = 0, n = 1 + rng() % 5; i < n; ++i) {
         shapes.push_back({int64_t(1 + rng() % 40), int64_t(1 + rng() % 40)});
         dtypes.push_back(rng() % 3 == 0 ? DType::bf16 : DType::f32);
+      }
+      if (mode == 2) {  // vectors for the set's AdamW
+        for (size_t i = 0, n = 1 + rng() % 3; i < n; ++i) {
+          shapes.push_back({int64_t(1 + rng() % 1500)});
+          dtypes.push_back(DType::f32);
+        }
       }
       // A fresh model and wrapper stepped once under `budget`: the step's error, "" when it ran.
       size_t peak = 0;
@@ -277,8 +286,15 @@ TEST_SUITE("swap") {
         c.device_budget_bytes = budget;
         Muon muon_opt{Stream(Device::cpu())};
         AdamW adamw_opt{Stream(Device::cpu())};
+        if (mode == 2) {
+          MuonWithAdamW both(Stream(Device::cpu()), params, MuonOptions{}, AdamWOptions{.amsgrad = trial % 2 == 0});
+          const std::unique_ptr<SwapOptimizerSet> set = swap_muon_with_adamw(both, c);
+          const std::string error = test::error_of([&] { set->step(); });
+          if (error.empty()) peak = set->last_report().peak_resident_bytes;
+          return error;
+        }
         std::unique_ptr<SwapOptimizer> swapped;
-        if (muon) {
+        if (mode == 0) {
           muon_opt.add_param_group(params);
           swapped = swap_muon(muon_opt, c);
         } else {
@@ -306,7 +322,26 @@ TEST_SUITE("swap") {
       CHECK((below.size() > tail.size() && below.compare(below.size() - tail.size(), tail.size(), tail) == 0));
       ++named;
     }
-    CHECK(named >= 25);  // most trials name one (35 of 80 with this seed)
+    CHECK(named >= 35);  // most trials name one
+  }
+
+  TEST_CASE("a set's budget error names the least budget that runs every member, not the first one to miss") {
+    // Muon's 2x3 matrix misses 64 bytes and needs 108; AdamW's 4000-element vector needs 768.
+    const auto step_under = [](size_t budget) {
+      std::vector<ParamPtr> params = {make_param("layer.weight", test::random_tensor({2, 3}, DType::f32, 1)),
+                                      make_param("layer.bias", test::random_tensor({4000}, DType::f32, 2))};
+      for (const ParamPtr& p : params) p->grad = test::random_tensor(p->data.shape(), DType::f32, 3);
+      MuonWithAdamW both(Stream(Device::cpu()), params, MuonOptions{}, AdamWOptions{.amsgrad = true});
+      const std::unique_ptr<SwapOptimizerSet> set =
+          swap_muon_with_adamw(both, SwapConfig{.min_numel = 0, .device_budget_bytes = budget});
+      return test::error_of([&] { set->step(); });
+    };
+    CHECK(step_under(64) ==
+          "[swap] device_budget_bytes 64 is below an update unit: 24 bytes of state + 84 bytes of workspace, less than "
+          "its two chunks of 32 elements would take (the unit of 'layer.weight'); the least budget that runs this step "
+          "is 768 bytes");
+    CHECK(step_under(768) == "");
+    CHECK(step_under(767).ends_with("; the least budget that runs this step is 768 bytes"));
   }
 
   TEST_CASE("chunked units: empty params and empty states of any dtype, whole or chunked") {

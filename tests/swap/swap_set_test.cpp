@@ -407,4 +407,33 @@ TEST_SUITE("swap") {
           "[swap] parameter 'p' is in members 'a' and 'b': each param belongs to one member");
     CHECK(error_of([&] { make(p, q); }).rfind("[swap] parameters 'p' and 'q' share memory", 0) == 0);
   }
+
+  TEST_CASE("swap_muon_with_adamw refused by either half or by the set leaves no layout fixed") {
+    // The bias steps first (its AdamW layout fixed), the weight never has: it may still be cast.
+    // Each refused wrap below wrapped Muon first, which fixes its layouts; they come undone.
+    for (const char* refusal : {"adamw half", "set"}) {
+      CAPTURE(refusal);
+      Stream stream(Device::cpu());
+      ParamPtr w = make_param("layer.weight", test::random_tensor({64, 32}, DType::f32, 1));
+      ParamPtr b = make_param("layer.bias", test::random_tensor({64}, DType::f32, 2));
+      MuonWithAdamW opt(stream, {w, b});
+      b->grad = test::random_tensor({64}, DType::f32, 3);
+      opt.step();
+      const Tensor bias = b->data;
+      if (std::string(refusal) == "adamw half") {
+        b->data = Tensor::zeros({64}, DType::bf16, Device::cpu());  // a cast of a fixed layout
+        CHECK(error_of([&] { swap_muon_with_adamw(opt); }).rfind("[AdamW] parameter 'layer.bias' is Tensor(bf16", 0) ==
+              0);
+      } else {
+        b->data = w->data.view({2048}).narrow(0, 0, 64);  // memory shared with the weight: the set refuses
+        CHECK(error_of([&] { swap_muon_with_adamw(opt); }).rfind("[swap] parameters", 0) == 0);
+      }
+      b->data = bias;
+      CHECK_FALSE(opt.muon().wrapped());
+      CHECK_FALSE(opt.adamw().wrapped());
+      w->data = test::random_tensor({64, 32}, DType::bf16, 4);  // allowed: its layout is not fixed
+      w->grad = test::random_tensor({64, 32}, DType::f32, 5);
+      CHECK(error_of([&] { opt.step(); }) == "");
+    }
+  }
 }

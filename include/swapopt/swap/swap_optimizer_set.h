@@ -12,6 +12,15 @@
 
 namespace swapopt {
 
+class SwapOptimizerSet;
+
+/** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw",
+ *  each with `config`. `config.state_keys`, when set, is split by family: each half swaps the
+ *  listed keys of its own ({"momentum_buffer"} swaps Muon's momentum and no AdamW moment, which
+ *  then stays on the device); a key of neither family is an error. A refused wrap (of either
+ *  half, or of the set) changes nothing: neither half stays wrapped, no layout stays fixed. */
+std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config = {});
+
 /** Steps, synchronises and checkpoints its members together; it owns their wrappers. */
 class SwapOptimizerSet {
  public:
@@ -97,12 +106,12 @@ class SwapOptimizerSet {
   // The member whose update runs last: step() runs those spanning ranks first.
   size_t last_to_run_ = 0;
   std::shared_ptr<AsyncSave> save_;  // the last save_async(), until waited for
-};
 
-/** Wraps both halves of `opt` (Muon's momentum, AdamW's moments) as members "muon" and "adamw",
- *  each with `config`. `config.state_keys`, when set, is split by family: each half swaps the
- *  listed keys of its own ({"momentum_buffer"} swaps Muon's momentum and no AdamW moment, which
- *  then stays on the device); a key of neither family is an error. */
-std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config = {});
+  friend std::unique_ptr<SwapOptimizerSet> swap_muon_with_adamw(MuonWithAdamW& opt, SwapConfig config);
+  /** Whether each of `optimizer`'s params has its layout fixed, in the order they were added. */
+  static std::vector<bool> fixed_layouts(const Optimizer& optimizer);
+  /** Unfixes the layouts fixed since fixed_layouts() gave `fixed_before` (a wrap that failed). */
+  static void unfix_layouts_since(Optimizer& optimizer, const std::vector<bool>& fixed_before);
+};
 
 }  // namespace swapopt
