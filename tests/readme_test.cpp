@@ -89,7 +89,9 @@ std::vector<std::string> readme_block(std::istream& in) {
 
 }  // namespace
 
-TEST_CASE("README: the trainer loop runs as shown, and resuming its checkpoint continues bitwise") {
+TEST_CASE(
+    "README: the trainer loop runs as shown, and resuming its checkpoint continues bitwise, also from the weights "
+    "file in a trainer started anew") {
   const std::string cwd = std::filesystem::current_path().string();
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "swapopt_readme_test";
   std::filesystem::create_directories(dir);
@@ -97,11 +99,38 @@ TEST_CASE("README: the trainer loop runs as shown, and resuming its checkpoint c
   Trainer straight, resumed;
   straight.run(1, 20);
   resumed.run(1, 10);  // writes run.safetensors at step 10 (and, resumed below, again at 20)
+  // The README's weights file, saved at step 10 and put back by a trainer that starts anew in a
+  // directory of its own (as a second process would, its buffers at their initial values), beside
+  // a copy of the checkpoint of step 10.
+  StateDict saved;
+  saved.metadata = "{\"step\": 10}";
+  const auto views = [](Trainer& t) {
+    return std::vector<std::pair<std::string, Tensor>>{
+        {"mlp.up.weight", Tensor::from_blob(t.w_up.data(), {512, 128}, DType::f32, Device::cpu())},
+        {"mlp.down.weight", Tensor::from_blob(t.w_down.data(), {128, 512}, DType::f32, Device::cpu())},
+        {"final_norm.weight", Tensor::from_blob(t.w_norm.data(), {128}, DType::f32, Device::cpu())}};
+  };
+  for (const auto& [name, data] : views(resumed)) saved.tensors.emplace(name, data.to(Device::cpu()));
+  std::filesystem::create_directories(dir / "restart");
+  save_state_dict(saved, (dir / "restart" / "weights.safetensors").string());
+  std::filesystem::copy_file(dir / "run.safetensors", dir / "restart" / "run.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
   resumed.run(11, 20);
+  std::filesystem::current_path(dir / "restart");
+  Trainer restarted;
+  {
+    StateDict w = load_state_dict("weights.safetensors");
+    for (const auto& [name, data] : views(restarted)) ops::copy(restarted.your_stream, w.tensors.at(name), data);
+    restarted.your_stream.synchronize();
+  }
+  restarted.run(11, 20);
   std::filesystem::current_path(cwd);
   CHECK(straight.w_up == resumed.w_up);
   CHECK(straight.w_down == resumed.w_down);
   CHECK(straight.w_norm == resumed.w_norm);
+  CHECK(straight.w_up == restarted.w_up);
+  CHECK(straight.w_down == restarted.w_down);
+  CHECK(straight.w_norm == restarted.w_norm);
   CHECK(straight.w_up != test::random_values(512 * 128, 1));  // it trained
   bool finite = true;
   for (float x : straight.w_up) finite = finite && std::isfinite(x);

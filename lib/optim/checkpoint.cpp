@@ -187,7 +187,7 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const int64_t begin = json::get_int(offsets[0], what + " data_offsets"), end = json::get_int(offsets[1], what + " data_offsets");
     SWAPOPT_CHECK(begin >= 0 && end >= begin && uint64_t(end) <= data_size,
                   "[checkpoint] " << what << " data_offsets [" << begin << ", " << end << ") outside " << data_size
-                                  << " data bytes");
+                                  << " data bytes (is the file cut short?)");
     SWAPOPT_CHECK(numel <= data_size && uint64_t(end - begin) == numel * dtype_size(dtype),
                   "[checkpoint] " << what << " covers " << (end - begin) << " bytes, its shape " << shape_str(shape)
                                   << " needs " << numel * dtype_size(dtype));

@@ -141,4 +141,11 @@ const Value& member(const Value& v, const std::string& key, const std::string& w
   return it->second;
 }
 
+const std::string& optimizer_named(const Value& meta) {
+  SWAPOPT_CHECK(meta.is_object() && meta.contains("optimizer"),
+                "[checkpoint] its metadata names no optimizer: not an optimizer's checkpoint (a file of another "
+                "StateDict, such as the weights?)");
+  return get_string(meta.at("optimizer"), "optimizer");
+}
+
 }  // namespace swapopt::json

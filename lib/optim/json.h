@@ -35,4 +35,9 @@ const Value::object_t& get_object(const Value& v, const std::string& what);
 /** Member `key` of the object `v`; throws "[checkpoint] metadata: <what> has no '<key>'" if absent. */
 const Value& member(const Value& v, const std::string& key, const std::string& what);
 
+/** The optimizer a checkpoint's metadata names ("Muon", or a set's "Muon+AdamW"); throws "[checkpoint]
+ *  its metadata names no optimizer: ..." when `meta` is not an object with one (a file of another
+ *  StateDict, such as the weights). */
+const std::string& optimizer_named(const Value& meta);
+
 }  // namespace swapopt::json

@@ -16,16 +16,15 @@ std::string members_metadata(const std::vector<MemberMetadata>& members, const s
 std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, const std::vector<std::string>& names,
                                             const std::string& optimizers) {
   const json::Value meta = json::parse(checkpoint.metadata);
-  SWAPOPT_CHECK(meta.contains("members"),
-                "[checkpoint] holds the state of one "
-                    << json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer")
-                    << " optimizer, not of a set of optimizers (" << names.size() << " members)");
+  const std::string& named = json::optimizer_named(meta);
+  SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
+                                              << named << " optimizer, not of a set of optimizers (" << names.size()
+                                              << " members)");
   const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
   std::vector<std::string> held;
   for (const json::Value& v : listed) held.push_back(json::get_string(json::member(v, "name", "members[]"), "name"));
   SWAPOPT_CHECK(held == names,
                 "[checkpoint] holds members [" << comma_list(held) << "], this set has [" << comma_list(names) << "]");
-  const std::string& named = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
   SWAPOPT_CHECK(named == optimizers,
                 "[checkpoint] names its members' optimizers '" << named << "', this set's are '" << optimizers << "'");
 

@@ -459,7 +459,7 @@ void check_param_names(const std::vector<std::string>& ours, const std::vector<s
 std::function<void()> Optimizer::prepare_load(
     const CheckpointReader& checkpoint, std::function<void(const Param&, const std::string&, const TensorReader&)> write_tensor) {
   const json::Value meta = json::parse(checkpoint.metadata);
-  const std::string& optimizer = json::get_string(json::member(meta, "optimizer", "metadata"), "optimizer");
+  const std::string& optimizer = json::optimizer_named(meta);
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
   check_names_unchanged();
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index

@@ -142,8 +142,11 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   CHECK_THROWS_WITH_AS(parse_state_dict(bytes.data(), 5), "[checkpoint] file of 5 bytes is too short for a safetensors header",
                        Error);
   std::string truncated = bytes.substr(0, bytes.size() - 4);
-  CHECK_THROWS_WITH_AS(parse_state_dict(truncated.data(), truncated.size()),
-                       "[checkpoint] tensor 'state.1.momentum_buffer' data_offsets [960, 1536) outside 1532 data bytes", Error);
+  CHECK_THROWS_WITH_AS(
+      parse_state_dict(truncated.data(), truncated.size()),
+      "[checkpoint] tensor 'state.1.momentum_buffer' data_offsets [960, 1536) outside 1532 data bytes (is the file "
+      "cut short?)",
+      Error);
   uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, bytes.data(), 8);
   const std::string header_only = bytes.substr(0, 8 + header_bytes);  // cut where the data starts
@@ -157,6 +160,31 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
                        Error);
   CHECK_THROWS_WITH_AS(load_state_dict("/nonexistent/x.safetensors"),
                        "[checkpoint] cannot open '/nonexistent/x.safetensors': No such file or directory", Error);
+}
+
+TEST_CASE("a file of the weights loaded as a checkpoint says it is not an optimizer's, and changes nothing") {
+  auto params = make_model(3);
+  MuonWithAdamW opt(Stream(Device::cpu()), params);
+  set_grads(params, 1);
+  opt.step();
+  const std::string before = serialize_state_dict(opt.state_dict());
+  // The README's weights file: a StateDict of the params with metadata of the trainer's own.
+  for (const char* metadata : {"{\"step\": 10}", "[10]"}) {
+    CAPTURE(metadata);
+    StateDict weights;
+    weights.metadata = metadata;
+    for (const ParamPtr& p : params) weights.tensors.emplace(p->name, p->data.to(Device::cpu()));
+    const std::string path = temp_path("weights");
+    save_state_dict(weights, path);
+    const std::string says =
+        "[checkpoint] its metadata names no optimizer: not an optimizer's checkpoint (a file of another StateDict, "
+        "such "
+        "as the weights?)";
+    CHECK(test::error_of([&] { opt.load_checkpoint(path); }) == says);            // a set's file expected
+    CHECK(test::error_of([&] { opt.muon().load_state_dict(weights); }) == says);  // one optimizer's
+    CHECK(serialize_state_dict(opt.state_dict()) == before);
+    std::remove(path.c_str());
+  }
 }
 
 TEST_CASE("every single-byte flip of a valid file is rejected or loads the same content") {
