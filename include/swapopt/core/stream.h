@@ -31,8 +31,8 @@ class Stream {
    *  blocking, non-blocking, or 0 for the legacy default stream), or (the CPU stand-in, for tests
    *  of the same contract) the native_handle() of a CPU stream. swapopt's work on it is ordered
    *  with the caller's own work there. The caller keeps it alive while any swapopt object uses it
-   *  and destroys it itself. Each wrapper owns a cuBLAS handle (its destruction synchronises the
-   *  device): keep it. */
+   *  and destroys it itself. A wrapper that runs a GEMM or SYRK makes a cuBLAS handle of its own
+   *  (its destruction synchronises the device): keep such a wrapper. */
   static Stream borrow(void* native_handle, Device device);
   /** The device this stream's work runs on. */
   Device device() const;
