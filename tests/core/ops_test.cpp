@@ -117,6 +117,34 @@ TEST_CASE("syrk with trans_a equals a^T @ a") {
   }
 }
 
+TEST_CASE("gemm and syrk with k == 0 give beta C (0 for beta 0, whatever C held); without output elements, nothing") {
+  Stream s(Device::cpu());
+  const Tensor a = Tensor::zeros({2, 5, 0}, DType::f32, Device::cpu()),
+               b = Tensor::zeros({2, 0, 7}, DType::f32, Device::cpu());
+  for (const float beta : {0.f, 0.5f}) {
+    CAPTURE(beta);
+    Tensor c = test::random_tensor({2, 5, 7}, DType::f32, 3), g = test::random_tensor({2, 5, 5}, DType::f32, 4);
+    for (int64_t m = 0; m < 2; ++m)  // symmetric, as syrk's beta needs
+      for (int64_t i = 0; i < 5; ++i)
+        for (int64_t j = 0; j < i; ++j) g.data<float>()[m * 25 + j * 5 + i] = g.data<float>()[m * 25 + i * 5 + j];
+    const std::vector<float> c0 = c.to_float_vector(), g0 = g.to_float_vector();
+    c.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();  // not read with beta 0
+    ops::gemm(s, a, false, b, false, c, 1.f, beta);
+    ops::syrk(s, a, false, g, 1.f, beta);
+    s.synchronize();
+    const std::vector<float> cv = c.to_float_vector(), gv = g.to_float_vector();
+    for (size_t i = 0; i < cv.size(); ++i)
+      if (!(beta != 0.f && i == 1)) CHECK(cv[i] == beta * c0[i]);
+    for (size_t i = 0; i < gv.size(); ++i) CHECK(gv[i] == beta * g0[i]);
+  }
+  Tensor none = Tensor::zeros({2, 0, 3}, DType::f32, Device::cpu());
+  ops::gemm(s, Tensor::zeros({2, 0, 4}, DType::f32, Device::cpu()), false,
+            test::random_tensor({2, 4, 3}, DType::f32, 5), false, none);
+  ops::syrk(s, Tensor::zeros({2, 0, 4}, DType::f32, Device::cpu()), false,
+            Tensor::zeros({2, 0, 0}, DType::f32, Device::cpu()));
+  s.synchronize();
+}
+
 TEST_CASE("elementwise ops: axpby, scale, lerp, cast match their formulas") {
   Stream s(Device::cpu());
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {

@@ -122,6 +122,41 @@ TEST_SUITE("cuda" * doctest::skip(test::no_gpu())) {
     CHECK(compare("cuda cast", cast_gpu.to_float_vector(), cast_cpu.to_float_vector()).max_abs < 1e-2);
   }
 
+  TEST_CASE(
+      "gemm and syrk with k == 0 or no output element on CUDA: as on the CPU (cuBLAS refuses a leading dim of 0)") {
+    Stream gs(Device::cuda(0)), cs(Device::cpu());
+    for (DType dt : {DType::f32, DType::bf16})
+      for (const float beta : {0.f, 0.5f}) {
+        CAPTURE(beta);
+        const Tensor a = Tensor::zeros({2, 5, 0}, dt, Device::cpu()), b = Tensor::zeros({2, 0, 7}, dt, Device::cpu());
+        Tensor c = test::random_tensor({2, 5, 7}, DType::f32, 3), g = test::random_tensor({5, 5}, DType::f32, 4);
+        ops::syrk(cs, test::random_tensor({5, 3}, DType::f32, 5), false, g);  // symmetric, as syrk's beta needs
+        cs.synchronize();
+        const Tensor cg = c.to(Device::cuda(0)), gg = g.to(Device::cuda(0));
+        ops::gemm(cs, a, false, b, false, c, 1.f, beta);
+        ops::gemm(gs, a.to(Device::cuda(0)), false, b.to(Device::cuda(0)), false, cg, 1.f, beta);
+        ops::syrk(cs, a.select(0, 0), false, g, 1.f, beta);
+        ops::syrk(gs, a.select(0, 0).to(Device::cuda(0)), false, gg, 1.f, beta);
+        ops::syrk(gs, a.select(0, 0).to(Device::cuda(0)), true, Tensor::zeros({0, 0}, DType::f32, Device::cuda(0)));
+        ops::gemm(gs, Tensor::zeros({2, 0, 4}, dt, Device::cuda(0)), false,
+                  test::random_tensor({2, 4, 3}, dt, 6).to(Device::cuda(0)), false,
+                  Tensor::zeros({2, 0, 3}, DType::f32, Device::cuda(0)));
+        cs.synchronize();
+        gs.synchronize();
+        CHECK(compare("k == 0 gemm", cg.to_float_vector(), c.to_float_vector()).max_abs == 0.0);
+        CHECK(compare("k == 0 syrk", gg.to_float_vector(), g.to_float_vector()).max_abs == 0.0);
+      }
+  }
+
+  TEST_CASE("a failed CUDA call is reported once: the next op does not throw its error again") {
+    Stream gs(Device::cuda(0));
+    // More than any GPU holds: cudaMallocAsync fails (a non-sticky error).
+    CHECK_THROWS_AS(Tensor::empty({int64_t(1) << 50}, DType::f32, Device::cuda(0), &gs), Error);
+    const Tensor x = test::random_tensor({1024}, DType::f32, 6).to(Device::cuda(0));
+    CHECK_NOTHROW(ops::scale(gs, x, 0.5f));
+    CHECK_NOTHROW(gs.synchronize());
+  }
+
   TEST_CASE("syrk on CUDA: a bf16 Gram matrix of side >= 4096 as 2 x 2 blocks, close to the CPU and exactly symmetric") {
     Stream gs(Device::cuda(0)), cs(Device::cpu());
     // 4100: blocks of 2048 and 2052 rows; both orientations; with alpha and beta (c symmetric).
