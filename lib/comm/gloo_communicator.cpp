@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../cpu/cpu_stream.h"
+#include "collective_args.h"
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/stream.h"
@@ -174,6 +175,7 @@ class GlooCommunicator final : public Communicator {
       SWAPOPT_CHECK(roots[i] >= 0 && roots[i] < size_,
                     "[comm] broadcast_many root " << roots[i] << " outside group of " << size_);
     }
+    comm_args::check_apart(tensors, "broadcast_many");
     return submit("broadcast_many", [this, tensors, roots] {
       for (size_t i = 0; i < tensors.size(); ++i) run_broadcast(tensors[i], roots[i]);
     });
@@ -184,6 +186,7 @@ class GlooCommunicator final : public Communicator {
     check(out, "all_gather");
     SWAPOPT_CHECK(out.nbytes() == in.nbytes() * size_t(size_) && in.dtype() == out.dtype(),
                   "[comm] all_gather output " << out.str() << " must hold " << size_ << " x " << in.str());
+    comm_args::check_in_out_apart(in, out, "all_gather");
     return submit("all_gather", [this, in, out] {
       auto opts = std::make_unique<gloo::AllgatherOptions>(context_);
       opts->setInput(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
@@ -208,6 +211,7 @@ class GlooCommunicator final : public Communicator {
     SWAPOPT_CHECK(in.dtype() == DType::f32 && out.dtype() == DType::f32 && in.numel() == out.numel() * size_,
                   "[comm] reduce_scatter: f32 input of " << size_ << " x the output's elements, got " << in.str() << " -> "
                                                          << out.str());
+    comm_args::check_in_out_apart(in, out, "reduce_scatter");
     return submit("reduce_scatter", [this, in, out] {
       const float* src = in.data<float>();
       float* dst = out.data<float>();
@@ -250,6 +254,7 @@ class GlooCommunicator final : public Communicator {
 
  private:
   void check(const Tensor& t, const char* op) const {
+    comm_args::check_usable(t, op);
     SWAPOPT_CHECK(t.device().is_cpu() && t.is_contiguous(),
                   "[comm] " << op << " on gloo needs contiguous CPU tensors, got " << t.str());
   }

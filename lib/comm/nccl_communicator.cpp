@@ -12,6 +12,7 @@
 
 #include "../cuda/cuda_check.h"
 #include "../cuda/cuda_stream.h"
+#include "collective_args.h"
 #include "nccl_lifecycle.h"
 #include "swapopt/comm/communicator.h"
 #include "swapopt/core/error.h"
@@ -243,6 +244,7 @@ class NcclCommunicator final : public Communicator {
                     "[comm] broadcast_many root " << roots[i] << " outside group of " << size());
       data.push_back(tensors[i].data_ptr());
     }
+    comm_args::check_apart(tensors, "broadcast_many");
     cuda::DeviceGuard guard(stream_.device().index);
     constexpr size_t kMaxGroupOps = 1024;
     return collective("broadcast_many", [&] {
@@ -264,6 +266,7 @@ class NcclCommunicator final : public Communicator {
     check(out, "all_gather");
     SWAPOPT_CHECK(out.nbytes() == in.nbytes() * size_t(size()), "[comm] all_gather output " << out.str() << " must hold "
                                                                                              << size() << " x " << in.str());
+    comm_args::check_in_out_apart(in, out, "all_gather");
     cuda::DeviceGuard guard(stream_.device().index);
     return finish("all_gather",
                   [&](ncclComm_t c) { return ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, c, raw()); });
@@ -274,6 +277,7 @@ class NcclCommunicator final : public Communicator {
     SWAPOPT_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(),
                   "[comm] reduce_scatter: input of " << size() << " x the output's elements, got " << in.str() << " -> "
                                                      << out.str());
+    comm_args::check_in_out_apart(in, out, "reduce_scatter");
     cuda::DeviceGuard guard(stream_.device().index);
     return finish("reduce_scatter", [&](ncclComm_t c) {
       return ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), nccl_type(out.dtype()), ncclSum, c, raw());
@@ -316,6 +320,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t raw() const { return static_cast<cudaStream_t>(stream_.native_handle()); }
 
   void check(const Tensor& t, const char* op) const {
+    comm_args::check_usable(t, op);
     SWAPOPT_CHECK(t.device() == stream_.device() && t.is_contiguous(),
                   "[comm] " << op << " on NCCL needs contiguous tensors on " << stream_.device().str() << ", got " << t.str());
   }

@@ -9,10 +9,8 @@
 
 namespace swapopt {
 
-namespace {
 using Span = std::pair<const char*, const char*>;
 
-/** The bytes from x's first to one past its last addressed element; {null, null} for no elements. */
 Span byte_span(const Tensor& x) {
   // A tensor's view was checked when it was made, so its span fits.
   const int64_t elements = x.is_contiguous() ? x.numel() : *view_span(x.shape(), x.strides(), 1);
@@ -21,6 +19,7 @@ Span byte_span(const Tensor& x) {
   return {begin, begin + elements * int64_t(x.element_size())};
 }
 
+namespace {
 bool overlap(const Span& x, const Span& y) {
   return x.first != nullptr && y.first != nullptr && std::less<>()(x.first, y.second) &&
          std::less<>()(y.first, x.second);

@@ -2,10 +2,14 @@
 // Whether an op's operands share memory (internal; used by the ops' argument checks).
 
 #include <initializer_list>
+#include <utility>
 
 #include "swapopt/core/tensor.h"
 
 namespace swapopt {
+
+/** The bytes from x's first to one past its last addressed element; {null, null} for no elements. */
+std::pair<const char*, const char*> byte_span(const Tensor& x);
 
 /** Whether x and y address a byte in common (by their spans; a view of no elements shares none). */
 bool spans_overlap(const Tensor& x, const Tensor& y);

@@ -40,9 +40,11 @@ void check_on_stream(const Stream& stream, const Tensor& t, const char* op, cons
   SWAPOPT_CHECK(!t.is_released(), "[" << op << "] " << name << " " << t.str() << " has released storage");
 }
 
-void check_elementwise(const Stream& stream, const Tensor& x, const Tensor& y, const char* op) {
-  check_on_stream(stream, x, op, "x");
-  check_on_stream(stream, y, op, "y");
+/** x and y on the stream, of one shape, contiguous; the errors call them `x_name` and `y_name`. */
+void check_elementwise(const Stream& stream, const Tensor& x, const Tensor& y, const char* op, const char* x_name = "x",
+                       const char* y_name = "y") {
+  check_on_stream(stream, x, op, x_name);
+  check_on_stream(stream, y, op, y_name);
   SWAPOPT_CHECK(x.shape() == y.shape(), "[" << op << "] shape mismatch " << shape_str(x.shape()) << " vs " << shape_str(y.shape()));
   SWAPOPT_CHECK(x.is_contiguous() && y.is_contiguous(), "[" << op << "] needs contiguous tensors, got " << x.str() << " and " << y.str());
 }
@@ -131,7 +133,7 @@ void axpby(Stream& stream, float alpha, const Tensor& x, float beta, const Tenso
 }
 
 void lerp(Stream& stream, const Tensor& out_a, const Tensor& b, float weight) {
-  check_elementwise(stream, b, out_a, "lerp");
+  check_elementwise(stream, out_a, b, "lerp", "a", "b");
   check_operands_apart("lerp", {{out_a, "a"}}, {{b, "b"}});
   if (stream.device().is_cpu()) {
     cpu::lerp(stream, out_a, b, weight);
@@ -194,7 +196,7 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
 }
 
 void cast(Stream& stream, const Tensor& src, const Tensor& out_dst) {
-  check_elementwise(stream, src, out_dst, "cast");
+  check_elementwise(stream, src, out_dst, "cast", "src", "dst");
   check_operands_apart("cast", {{out_dst, "dst"}}, {{src, "src"}});
   if (stream.device().is_cpu()) {
     cpu::cast(stream, src, out_dst);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "../cuda/cuda_backend.h"
@@ -35,7 +36,9 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    // Past int64 only where the tensor has no elements (a dim 0; any other shape is refused as too
+    // large): those strides address nothing, so the largest int64 stands in.
+    if (__builtin_mul_overflow(s, shape[i], &s)) s = std::numeric_limits<int64_t>::max();
   }
   return strides;
 }
@@ -92,9 +95,15 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::empty_like(const Tensor& other) { return empty(other.shape(), other.dtype(), other.device()); }
+Tensor Tensor::empty_like(const Tensor& other) {
+  SWAPOPT_CHECK(other.defined(), "[Tensor::empty_like] undefined tensor: it has no shape, dtype or device to copy");
+  return empty(other.shape(), other.dtype(), other.device());
+}
 
-Tensor Tensor::zeros_like(const Tensor& other) { return zeros(other.shape(), other.dtype(), other.device()); }
+Tensor Tensor::zeros_like(const Tensor& other) {
+  SWAPOPT_CHECK(other.defined(), "[Tensor::zeros_like] undefined tensor: it has no shape, dtype or device to copy");
+  return zeros(other.shape(), other.dtype(), other.device());
+}
 
 Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device device) {
   return from_blob(ptr, shape, contiguous_strides(shape), dtype, device);
@@ -140,7 +149,9 @@ Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, cons
 Tensor::Layout::Layout(Shape shape_in, Shape strides_in)
     : shape(std::move(shape_in)), strides(std::move(strides_in)), numel(shape_numel(shape)), contiguous(true) {
   // Row-major dense: each stride is the product of the later dims' sizes (a dim of size 1 may
-  // have any stride).
+  // have any stride). No elements: contiguous whatever the strides (as in torch), and the
+  // product of the other dims may not fit an int64.
+  if (numel == 0) return;
   int64_t expected = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] == 1) continue;

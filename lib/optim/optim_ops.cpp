@@ -1,6 +1,11 @@
 // Argument checks for the fused optimizer ops, then dispatch on the stream's device.
 #include "swapopt/optim/optim_ops.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
 #include "../core/operand_overlap.h"
 #include "../cpu/cpu_ops.h"
 #include "../cuda/cuda_backend.h"
@@ -64,9 +69,55 @@ void adamw_update(Stream& stream, const Tensor& out_param, const Tensor& grad, c
 }
 
 namespace {
+/** One tensor of an update in a list: its bytes, its update's index and its name. */
+struct UpdateOperand {
+  uintptr_t begin, end;
+  size_t update;
+  const char* name;
+};
+
+/** The updates of a list run concurrently: across updates, no two writes may overlap and no grad
+ *  may overlap a write (each update's own operands were checked apart already). Sorted by
+ *  address, so a list of thousands of tensors costs O(n log n). */
+void check_updates_apart(std::span<const AdamWUpdate> updates, const char* op) {
+  std::vector<UpdateOperand> writes, grads;
+  auto add = [](std::vector<UpdateOperand>& to, const Tensor& t, size_t update, const char* name) {
+    if (!t.defined()) return;
+    const auto [begin, end] = byte_span(t);
+    if (begin != nullptr)
+      to.push_back({reinterpret_cast<uintptr_t>(begin), reinterpret_cast<uintptr_t>(end), update, name});
+  };
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const AdamWUpdate& u = updates[i];
+    add(writes, u.param, i, "param");
+    add(writes, u.exp_avg, i, "exp_avg");
+    add(writes, u.exp_avg_sq, i, "exp_avg_sq");
+    add(writes, u.max_exp_avg_sq, i, "max_exp_avg_sq");
+    add(grads, u.grad, i, "grad");
+  }
+  auto check_apart = [op](bool apart, const UpdateOperand& x, const UpdateOperand& y) {
+    SWAPOPT_CHECK(
+        apart, "[" << op << "] update " << x.update << "'s " << x.name << " and update " << y.update << "'s " << y.name
+                   << " share memory: the updates run concurrently, so none may write what another reads or writes");
+  };
+  std::sort(writes.begin(), writes.end(), [](const UpdateOperand& x, const UpdateOperand& y) {
+    return std::tie(x.begin, x.update) < std::tie(y.begin, y.update);
+  });
+  for (size_t k = 1; k < writes.size(); ++k)
+    check_apart(writes[k - 1].end <= writes[k].begin, writes[k - 1], writes[k]);
+  // The writes are now disjoint and sorted, so their ends are sorted too: the writes a grad
+  // overlaps are a run found by binary search.
+  for (const UpdateOperand& grad : grads) {
+    auto w = std::partition_point(writes.begin(), writes.end(),
+                                  [&](const UpdateOperand& write) { return write.end <= grad.begin; });
+    for (; w != writes.end() && w->begin < grad.end; ++w) check_apart(w->update == grad.update, grad, *w);
+  }
+}
+
 void run_adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates, bool check_apart) {
   for (const AdamWUpdate& u : updates)
     check_adamw(stream, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, "adamw_update_many", check_apart);
+  if (check_apart) check_updates_apart(updates, "adamw_update_many");
   if (stream.device().is_cpu()) {
     cpu::adamw_update_many(stream, updates);
   } else {

@@ -59,10 +59,15 @@ std::function<bool(const Param&)> ndim_below(int64_t ndim) {
 std::vector<RoutingRule> default_routing_rules() {
   return {
       {"fewer than 2 dims (norm scales, biases)", ndim_below(2), Route::adamw_no_decay},
-      {"a bias", [](const Param& p) { return name_components(p.name).back() == "bias"; }, Route::adamw_no_decay},
+      {"a bias",
+       [](const Param& p) {
+         const std::vector<std::string> parts = name_components(p.name);
+         return !parts.empty() && parts.back() == "bias";
+       },
+       Route::adamw_no_decay},
       {"an embedding",
-       has_name_component({"embed", "embeds", "embedding", "embeddings", "embed_tokens", "tok_embeddings", "word_embeddings",
-                           "position_embeddings", "wte", "wpe"}),
+       has_name_component({"embed", "embeds", "embedding", "embeddings", "embed_tokens", "tok_embeddings",
+                           "word_embeddings", "position_embeddings", "wte", "wpe"}),
        Route::adamw_decay},
       {"an output head", has_name_component({"lm_head"}), Route::adamw_decay},
       {"an output head", first_name_component({"output", "head", "classifier"}), Route::adamw_decay},
@@ -86,6 +91,9 @@ RoutedParams route_params(const std::vector<ParamPtr>& params, const RoutingRule
   RoutedParams out;
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[routing] null parameter");
+    SWAPOPT_CHECK(!p->name.empty(),
+                  "[routing] a parameter has no name (the rules read names, checkpoints name each "
+                  "param's state)");
     Route route = Route::muon;
     std::string why = "no rule matched";
     for (const RoutingRule& rule : rules.rules)
@@ -116,6 +124,7 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
   std::vector<const Param*> all;
   for (const ParamPtr& p : params) {
     SWAPOPT_CHECK(p != nullptr, "[MuonWithAdamW] null parameter");
+    SWAPOPT_CHECK(!p->name.empty(), "[MuonWithAdamW] a parameter has no name (checkpoints name each param's state)");
     SWAPOPT_CHECK(seen.insert(p.get()).second, "[MuonWithAdamW] parameter '" << p->name << "' is listed twice");
     SWAPOPT_CHECK(names.insert(p->name).second,
                   "[MuonWithAdamW] two parameters are named '" << p->name << "' (checkpoints name each param's state)");

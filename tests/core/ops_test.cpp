@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <array>
+#include <numeric>
+
 #include "test_util.h"
 
 using namespace swapopt;
@@ -266,6 +270,102 @@ TEST_CASE("elementwise and fused ops refuse outputs overlapping another argument
   CHECK(t.to_float_vector() == want);
 }
 
+TEST_CASE(
+    "adamw_update_many: random lists of views of one buffer, refused exactly when updates clash, else per-update "
+    "bits") {
+  // A model of the rule, pair by pair: within an update the outputs are apart and the grad is apart
+  // from them or the very same view; across updates no write meets another write or a grad.
+  auto overlap = [](int64_t x, int64_t y) { return x < y + 8 && y < x + 8; };
+  constexpr int64_t kBuffer = 320;
+  std::mt19937 rng(2026);
+  const std::vector<float> start = [] {
+    std::vector<float> v = test::random_tensor({kBuffer}, DType::f32, 21).to_float_vector();
+    for (float& x : v) x = std::fabs(x);  // exp_avg_sq from the same bytes must stay >= 0
+    return v;
+  }();
+  int refused = 0, ran = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int count = 1 + int(rng() % 4);
+    const bool amsgrad = rng() % 2;
+    // offsets[i] = {param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq} of update i, in floats.
+    std::vector<std::array<int64_t, 5>> offsets(size_t(count), std::array<int64_t, 5>{});
+    std::vector<int64_t> slots(kBuffer / 8);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    size_t next_slot = 0;
+    for (int i = 0; i < count; ++i)
+      for (int k = 0; k < 5; ++k) {
+        const unsigned pick = rng() % 40;
+        int64_t& o = offsets[size_t(i)][size_t(k)];
+        if (pick == 0)
+          o = int64_t(rng() % (kBuffer - 7));  // anywhere: may overlap
+        else if (pick == 1 && k == 1)
+          o = offsets[size_t(i)][0];  // grad = own param, in place
+        else if (pick == 2 && k == 1 && i > 0)
+          o = offsets[rng() % size_t(i)][1];  // a grad read twice
+        else if (pick == 3 && i > 0)
+          o = offsets[rng() % size_t(i)][rng() % 5];  // another update's tensor
+        else
+          o = slots[next_slot++] * 8;
+      }
+    bool clash = false;
+    const size_t kinds = amsgrad ? 5 : 4;
+    auto writes = [&](size_t k) { return k != 1 && k < kinds; };
+    for (size_t i = 0; i < size_t(count); ++i)
+      for (size_t j = 0; j < size_t(count); ++j)
+        for (size_t a = 0; a < kinds; ++a)
+          for (size_t b = 0; b < kinds; ++b) {
+            if ((i == j && a >= b) || (i > j)) continue;
+            if (!overlap(offsets[i][a], offsets[j][b]) || (!writes(a) && !writes(b))) continue;
+            const bool in_place = i == j && (a == 1 || b == 1) && offsets[i][a] == offsets[j][b];
+            if (!in_place) clash = true;
+          }
+    Tensor buffer = Tensor::from_floats(start, {kBuffer}), reference = Tensor::from_floats(start, {kBuffer});
+    auto list = [&](const Tensor& t) {
+      std::vector<ops::AdamWUpdate> updates;
+      for (const auto& o : offsets)
+        updates.push_back({t.narrow(0, o[0], 8), t.narrow(0, o[1], 8), t.narrow(0, o[2], 8), t.narrow(0, o[3], 8),
+                           amsgrad ? t.narrow(0, o[4], 8) : Tensor(), ops::AdamWScalars{}});
+      return updates;
+    };
+    Stream s(Device::cpu());
+    const std::vector<ops::AdamWUpdate> updates = list(buffer);
+    const std::string error = test::error_of([&] { ops::adamw_update_many(s, updates); });
+    s.synchronize();
+    CAPTURE(trial);
+    CAPTURE(error);
+    REQUIRE((error.empty() ? !clash : clash));
+    if (clash) {
+      ++refused;
+      CHECK(error.rfind("[adamw_update_many] ", 0) == 0);
+      CHECK(buffer.to_float_vector() == start);  // nothing ran
+    } else {
+      ++ran;
+      for (const ops::AdamWUpdate& u : list(reference))
+        ops::adamw_update(s, u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, u.scalars);
+      s.synchronize();
+      CHECK(test::same_bits(buffer, reference));
+    }
+  }
+  CHECK(refused > 40);
+  CHECK(ran > 40);
+  // The message names both updates' tensors.
+  Stream s(Device::cpu());
+  const Tensor t = Tensor::zeros({64}, DType::f32, Device::cpu());
+  const std::vector<ops::AdamWUpdate> shared_state{
+      {t.narrow(0, 0, 8), t.narrow(0, 8, 8), t.narrow(0, 16, 8), t.narrow(0, 24, 8), Tensor(), {}},
+      {t.narrow(0, 32, 8), t.narrow(0, 40, 8), t.narrow(0, 20, 8), t.narrow(0, 48, 8), Tensor(), {}}};
+  CHECK(test::error_of([&] { ops::adamw_update_many(s, shared_state); }) ==
+        "[adamw_update_many] update 0's exp_avg and update 1's exp_avg share memory: the updates run concurrently, so "
+        "none may write what another reads or writes");
+  const std::vector<ops::AdamWUpdate> grad_is_param{
+      {t.narrow(0, 0, 8), t.narrow(0, 8, 8), t.narrow(0, 16, 8), t.narrow(0, 24, 8), Tensor(), {}},
+      {t.narrow(0, 32, 8), t.narrow(0, 0, 8), t.narrow(0, 40, 8), t.narrow(0, 48, 8), Tensor(), {}}};
+  CHECK(test::error_of([&] { ops::adamw_update_many(s, grad_is_param); }) ==
+        "[adamw_update_many] update 1's grad and update 0's param share memory: the updates run concurrently, so "
+        "none may write what another reads or writes");
+}
+
 TEST_CASE("ops reject bad arguments with the operation and the values") {
   Stream s(Device::cpu());
   Tensor a = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
@@ -305,4 +405,13 @@ TEST_CASE("ops reject bad arguments with the operation and the values") {
   Tensor shell = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
   shell.storage()->release();
   CHECK_THROWS_WITH_AS(ops::scale(s, shell, 2.f), "[scale] x Tensor(f32, [3, 4], cpu) has released storage", Error);
+  // Each op names its operands as its signature does.
+  const Tensor fine = Tensor::zeros({3, 4}, DType::f32, Device::cpu());
+  CHECK(test::error_of([&] { ops::lerp(s, shell, fine, 0.5f); }) ==
+        "[lerp] a Tensor(f32, [3, 4], cpu) has released storage");
+  CHECK(test::error_of([&] { ops::lerp(s, fine, Tensor(), 0.5f); }) == "[lerp] b is undefined");
+  CHECK(test::error_of([&] { ops::cast(s, Tensor(), fine); }) == "[cast] src is undefined");
+  CHECK(test::error_of([&] { ops::cast(s, fine, shell); }) ==
+        "[cast] dst Tensor(f32, [3, 4], cpu) has released storage");
+  CHECK(test::error_of([&] { ops::axpby(s, 1.f, fine, 1.f, Tensor()); }) == "[axpby] y is undefined");
 }

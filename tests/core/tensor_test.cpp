@@ -59,6 +59,19 @@ TEST_CASE("sizes that overflow an int64 are named errors, never a view outside i
   float one = 0.f;
   CHECK_THROWS_WITH_AS(Tensor::from_blob(&one, {2, 2}, {kMax / 2, 1}, DType::f32, Device::cpu()),
                        "[Tensor::from_blob] strides [4611686018427387903, 1] for shape [2, 2] are too large", Error);
+  // Strides past int64 (built before any check, so they must not overflow; UBSan sees it).
+  CHECK_THROWS_WITH_AS(Tensor::from_blob(&one, {kMax / 2, kMax / 2}, DType::f32, Device::cpu()),
+                       "[Tensor::from_blob] shape [4611686018427387903, 4611686018427387903] of f32 is too large",
+                       Error);
+  const Shape no_elements{0, int64_t(1) << 40, int64_t(1) << 40};
+  CHECK(contiguous_strides(no_elements) == Shape{kMax, int64_t(1) << 40, 1});
+  const Tensor none = Tensor::empty(no_elements, DType::f32, Device::cpu());
+  CHECK((none.numel() == 0 && none.is_contiguous()));
+  CHECK(Tensor::zeros({3, 0}, DType::f32, Device::cpu()).transpose(0, 1).is_contiguous());  // no elements: as torch
+  CHECK(test::error_of([] { Tensor::empty_like(Tensor()); }) ==
+        "[Tensor::empty_like] undefined tensor: it has no shape, dtype or device to copy");
+  CHECK(test::error_of([] { Tensor::zeros_like(Tensor()); }) ==
+        "[Tensor::zeros_like] undefined tensor: it has no shape, dtype or device to copy");
 }
 
 TEST_CASE("a device that cannot exist, or a stream of another device, is a named error") {

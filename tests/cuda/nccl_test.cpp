@@ -29,6 +29,20 @@ TEST_CASE("NCCL communicator at world size 1" * doctest::skip(test::no_gpu() || 
   CHECK(x.to_float_vector() == before);
   CHECK(gathered.to_float_vector() == before);
   CHECK(scattered.to_float_vector() == before);
+  // Refused before issuing, as on Gloo: undefined, released, overlapping (NCCL's in-place
+  // all_gather included).
+  CHECK(test::error_of([&] { nccl->all_reduce(Tensor()); }) == "[comm] all_reduce: undefined tensor");
+  const Tensor released = Tensor::zeros({4}, DType::f32, Device::cuda(0));
+  released.storage()->release();
+  CHECK(test::error_of([&] { nccl->broadcast(released, 0); }) ==
+        "[comm] broadcast: released storage: Tensor(f32, [4], cuda:0)");
+  CHECK(test::error_of([&] { nccl->all_gather(gathered, gathered); }) ==
+        "[comm] all_gather: in Tensor(f32, [1000], cuda:0) and out Tensor(f32, [1000], cuda:0) share memory");
+  CHECK(test::error_of([&] {
+          nccl->broadcast_many({x.narrow(0, 0, 8), x.narrow(0, 4, 8)}, {0, 0});
+        }) ==
+        "[comm] broadcast_many: tensor 0 Tensor(f32, [8], cuda:0) and tensor 1 Tensor(f32, [8], cuda:0) share memory");
+  CHECK(x.to_float_vector() == before);
 
   // Stream-ordered, the host waiting only at the end: a producer stream writes, the grouped
   // broadcasts start after it, a consumer stream copies their result after them; the event pool

@@ -231,6 +231,33 @@ TEST_SUITE("mp") {
     std::filesystem::remove_all(env.rendezvous_dir);
   }
 
+  TEST_CASE("gloo refuses undefined, released and overlapping tensors before it issues, and stays usable") {
+    LaunchEnv env;
+    env.rendezvous_dir = test::make_temp_dir("swapopt_rdzv_");
+    std::shared_ptr<Communicator> comm = make_gloo_communicator(env);
+    Tensor x = test::random_tensor({8}, DType::f32, 3);
+    CHECK(test::error_of([&] { comm->all_reduce(Tensor()); }) == "[comm] all_reduce: undefined tensor");
+    Tensor released = Tensor::zeros({4}, DType::f32, Device::cpu());
+    released.storage()->release();
+    CHECK(test::error_of([&] { comm->broadcast(released, 0); }) ==
+          "[comm] broadcast: released storage: Tensor(f32, [4], cpu)");
+    CHECK(test::error_of([&] { comm->all_gather(x.narrow(0, 0, 4), x.narrow(0, 2, 4)); }) ==
+          "[comm] all_gather: in Tensor(f32, [4], cpu) and out Tensor(f32, [4], cpu) share memory");
+    CHECK(test::error_of([&] { comm->reduce_scatter(x, x); }) ==
+          "[comm] reduce_scatter: in Tensor(f32, [8], cpu) and out Tensor(f32, [8], cpu) share memory");
+    // Overlap found whatever the order: the third tensor straddles the first two.
+    CHECK(test::error_of([&] {
+            comm->broadcast_many({x.narrow(0, 0, 2), x.narrow(0, 4, 2), x.narrow(0, 1, 2)}, {0, 0, 0});
+          }) ==
+          "[comm] broadcast_many: tensor 0 Tensor(f32, [2], cpu) and tensor 2 Tensor(f32, [2], cpu) share memory");
+    // Adjacent views and empty ones share nothing, and the communicator still runs collectives.
+    comm->broadcast_many({x.narrow(0, 0, 4), x.narrow(0, 4, 4), x.narrow(0, 4, 0)}, {0, 0, 0})->wait();
+    Tensor gathered = Tensor::zeros({8}, DType::f32, Device::cpu());
+    comm->all_gather(x, gathered)->wait();
+    CHECK(test::same_bits(gathered, x));
+    std::filesystem::remove_all(env.rendezvous_dir);
+  }
+
   TEST_CASE("a rendezvous directory an earlier run used: the error says to give each run its own") {
     LaunchEnv env;
     env.rendezvous_dir = test::make_temp_dir("swapopt_rdzv_");

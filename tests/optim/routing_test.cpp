@@ -89,6 +89,14 @@ TEST_CASE("MuonWithAdamW refuses across its halves what each optimizer refuses w
         }) == "[MuonWithAdamW] parameter 'w' is listed twice");
   CHECK(error_of([&] { MuonWithAdamW(stream, {make_param("w", Tensor())}); }) ==
         "[MuonWithAdamW] parameter 'w' must be a defined contiguous tensor");
+  // No name (the default rules read its components: there are none).
+  CHECK(error_of([&] {
+          MuonWithAdamW(stream, {param("", {4, 4})});
+        }) == "[MuonWithAdamW] a parameter has no name (checkpoints name each param's state)");
+  CHECK(error_of([&] {
+          route_params({param("", {4, 4})});
+        }) == "[routing] a parameter has no name (the rules read names, checkpoints name each param's state)");
+  CHECK(route_params({param(".", {4, 4})}).decisions.at(0).route == Route::muon);  // one empty component
   // Disjoint views of one buffer are fine, as in one optimizer.
   std::vector<float> two(50, 0.5f);
   CHECK(error_of([&] {

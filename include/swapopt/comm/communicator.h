@@ -67,9 +67,11 @@ class Communicator {
    *  the same order; the tensors must not overlap. NCCL and Gloo check all before issuing any;
    *  this default issues one broadcast after another. */
   virtual WorkPtr broadcast_many(const std::vector<Tensor>& tensors, const std::vector<int>& roots);
-  /** out = concat over ranks of `in` (out has size() * in.numel() elements). */
+  /** out = concat over ranks of `in` (out has size() * in.numel() elements; in and out share no
+   *  memory). Every collective refuses an undefined or released tensor before it issues anything. */
   virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
-  /** out = this rank's chunk of the elementwise sum of `in` over ranks (in has size() * out.numel()). */
+  /** out = this rank's chunk of the elementwise sum of `in` over ranks (in has size() * out.numel();
+   *  in and out share no memory). */
   virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out) = 0;
   /** tensor = elementwise sum over ranks. */
   virtual WorkPtr all_reduce(const Tensor& tensor) = 0;

@@ -22,7 +22,8 @@ std::string shape_str(const Shape& shape);
 /** Product of the dims (1 for a scalar shape [], 0 with any dim 0); throws "[shape] [...] has more
  *  elements than an int64 counts" where the product overflows. */
 int64_t shape_numel(const Shape& shape);
-/** Row-major strides of a contiguous tensor of `shape`. */
+/** Row-major strides of a contiguous tensor of `shape` (a stride past int64, possible only with a
+ *  dim 0, is the largest int64: it addresses nothing). */
 Shape contiguous_strides(const Shape& shape);
 
 /** A view of typed elements. Cheap to copy: copies share the storage and the shape (a copy
@@ -42,9 +43,10 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device device, Stream* stream = nullptr);
   /** Zero-filled contiguous tensor (synchronous). */
   static Tensor zeros(const Shape& shape, DType dtype, Device device);
-  /** empty() with `other`'s shape, dtype and device (contiguous, synchronous: no stream). */
+  /** empty() with `other`'s shape, dtype and device (contiguous, synchronous: no stream); throws
+   *  for an undefined `other`. */
   static Tensor empty_like(const Tensor& other);
-  /** zeros() with `other`'s shape, dtype and device (contiguous). */
+  /** zeros() with `other`'s shape, dtype and device (contiguous); throws for an undefined `other`. */
   static Tensor zeros_like(const Tensor& other);
   /** Wraps trainer-owned memory without owning it; the caller keeps `ptr` alive. */
   static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device);
