@@ -342,6 +342,14 @@ void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std
   try {
     local_checks();
     check_moved_params_disjoint(optimizers);
+    // Grads are new tensors at any step: checked against the params' data every time.
+    std::vector<const Param*> params;
+    std::string who;
+    for (const Optimizer* o : optimizers) {
+      for (const ParamRecord& r : o->records_) params.push_back(r.param);
+      who += (who.empty() ? "" : "+") + o->name_;
+    }
+    check_grads_apart_from_data(params, who);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -213,6 +213,48 @@ TEST_SUITE("bad input") {
         }
   }
 
+  TEST_CASE("a grad sharing memory with a param's data: named error, every byte unchanged (bare, swapped, chunked)") {
+    // The step writes params while it reads grads: the result would depend on the update order,
+    // which a swapped step (batches, chunks) does not share with the bare one.
+    const std::string why = " (the step writes the params while it reads the grads: give each grad its own memory)";
+    for (bool adamw : {false, true})
+      for (int swap = 0; swap < 3; ++swap)
+        for (int kind = 0; kind < 3; ++kind) {
+          Subject s(adamw, swap > 0);
+          if (swap == 2) {  // chunked units: a budget for a few chunks of one param's state
+            s.swapped.reset();
+            SwapConfig config{.min_numel = 1, .device_budget_bytes = 8 << 10};
+            s.swapped = adamw ? swap_adamw(static_cast<AdamW&>(*s.optimizer), config)
+                              : swap_muon(static_cast<Muon&>(*s.optimizer), config);
+          }
+          CAPTURE(s.name());
+          CAPTURE(swap);
+          CAPTURE(kind);
+          set_grads(s.params, 3);
+          const Param& last = *s.params.back();
+          const std::string opt = adamw ? "[AdamW]" : "[Muon]";
+          std::string want;
+          if (kind == 0) {
+            s.params.back()->grad = last.data;
+            want = opt + " the grad of 'w2' shares memory with its own data" + why;
+          } else if (kind == 1) {
+            s.params.back()->grad = s.params[0]->data;
+            want = opt + " the grad of 'w2' shares memory with the data of 'w0'" + why;
+          } else {  // w2's data moved to a buffer one element longer, its grad one element on
+            const Tensor buffer = Tensor::zeros({32 * 32 + 1}, DType::f32, Device::cpu());
+            const Tensor data = buffer.narrow(0, 0, 32 * 32).view({32, 32});
+            ops::copy(s.optimizer->stream(), last.data, data);
+            s.optimizer->stream().synchronize();
+            s.params.back()->data = data;
+            s.params.back()->grad = buffer.narrow(0, 1, 32 * 32).view({32, 32});
+            want = opt + " the grad of 'w2' shares memory with its own data" + why;
+          }
+          const std::string before = s.snap();
+          CHECK(error_of([&] { s.step(); }) == want);
+          CHECK(s.snap() == before);
+        }
+  }
+
   TEST_CASE("a param's data pointed elsewhere after add_param_group: checked with the grads, every byte unchanged") {
     static float foreign[32 * 32];
     struct BadData {

@@ -127,9 +127,10 @@ class Optimizer {
    *  released, contiguous, on the device; once the optimizer laid out its state, the shape and
    *  dtype it had then: the trainer may point `data` at another buffer between steps, not reshape
    *  or cast it, see ParamRecord::fixed; after such a move, no two params may share memory) and
-   *  its grad (shape, device, contiguous, not released). step() and the swapped step call it before they
-   *  change anything, so bad input leaves every byte of params, state, counters and host mirrors
-   *  as it was. Collective under HSDP: the ranks compare which params they step, and a check
+   *  its grad (shape, device, contiguous, not released, sharing no memory with any param's data,
+   *  its own included: the step writes params while it reads grads). step() and the swapped step
+   *  call it before they change anything, so bad input leaves every byte of params, state,
+   *  counters and host mirrors as it was. Collective under HSDP: the ranks compare which params they step, and a check
    *  failing on one rank fails on every rank ("[Muon] the step's checks failed on 1 of 2 ranks
    *  ..." where the rank's own error is not), so no rank is left waiting in a collective. */
   void check_step();
