@@ -306,6 +306,19 @@ void Optimizer::check_step_counts() const {
                                                                                  << " steps: no step can follow it");
 }
 
+namespace {
+/** The params of optimizers checked together, and their names joined for errors ("Muon+AdamW"). */
+std::pair<std::vector<const Param*>, std::string> params_of(std::span<Optimizer* const> optimizers) {
+  std::pair<std::vector<const Param*>, std::string> out;
+  for (const Optimizer* o : optimizers) {
+    for (const ParamGroup& group : o->param_groups())
+      for (const ParamPtr& p : group.params) out.first.push_back(p.get());
+    out.second += (out.second.empty() ? "" : "+") + o->name();
+  }
+  return out;
+}
+}  // namespace
+
 void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimizers) {
   const auto begin_of = [](const Tensor& data) -> const void* {
     return data.defined() && !data.is_released() ? data.data_ptr() : nullptr;
@@ -321,12 +334,7 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
       moved = moved || r.checked_begin != begin_of(r.param->data) || r.checked_nbytes != nbytes_of(r.param->data);
   }
   if (!moved) return;
-  std::vector<const Param*> params;
-  std::string who;
-  for (const Optimizer* o : optimizers) {
-    for (const ParamRecord& r : o->records_) params.push_back(r.param);
-    who += (who.empty() ? "" : "+") + o->name_;
-  }
+  const auto [params, who] = params_of(optimizers);
   check_disjoint_params(params, who);
   for (Optimizer* o : optimizers) {
     o->disjoint_scope_ = scope;
@@ -343,12 +351,7 @@ void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std
     local_checks();
     check_moved_params_disjoint(optimizers);
     // Grads are new tensors at any step: checked against the params' data every time.
-    std::vector<const Param*> params;
-    std::string who;
-    for (const Optimizer* o : optimizers) {
-      for (const ParamRecord& r : o->records_) params.push_back(r.param);
-      who += (who.empty() ? "" : "+") + o->name_;
-    }
+    const auto [params, who] = params_of(optimizers);
     check_grads_apart_from_data(params, who);
   } catch (...) {
     failure = std::current_exception();
