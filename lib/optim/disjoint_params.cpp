@@ -1,9 +1,7 @@
 #include "disjoint_params.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <functional>
-#include <optional>
 
 #include "swapopt/core/error.h"
 
@@ -40,34 +38,6 @@ void check_disjoint_params(const std::vector<const Param*>& params, const std::s
   const auto [a, b] = first_overlap(params, &Param::data);
   SWAPOPT_CHECK(a == nullptr, "[" << who << "] parameters '" << a->name << "' and '" << b->name
                                   << "' share memory (an update of one would change the other)");
-}
-
-void check_grads_apart_from_data(const std::vector<const Param*>& params, const std::string& who) {
-  struct Range {
-    uintptr_t begin, end;
-    const Param* param;
-  };
-  const auto range = [](const Tensor& t, const Param* p) -> std::optional<Range> {
-    if (!t.defined() || t.nbytes() == 0 || t.is_released()) return std::nullopt;  // no memory to share
-    const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-    return Range{begin, begin + t.nbytes(), p};
-  };
-  std::vector<Range> data;
-  for (const Param* p : params)
-    if (const auto r = range(p->data, p)) data.push_back(*r);
-  std::sort(data.begin(), data.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  // Apart and sorted by start, the data ranges are sorted by end too: the first that ends past a
-  // grad's start is the only candidate to overlap it first.
-  for (const Param* p : params) {
-    const auto grad = range(p->grad, p);
-    if (!grad) continue;
-    const auto it =
-        std::partition_point(data.begin(), data.end(), [&](const Range& d) { return d.end <= grad->begin; });
-    SWAPOPT_CHECK(it == data.end() || it->begin >= grad->end,
-                  "[" << who << "] the grad of '" << p->name << "' shares memory with "
-                      << (it->param == p ? std::string("its own data") : "the data of '" + it->param->name + "'")
-                      << " (the step writes the params while it reads the grads: give each grad its own memory)");
-  }
 }
 
 void check_disjoint_grads(const std::vector<const Param*>& params, const std::string& who) {

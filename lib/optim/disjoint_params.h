@@ -18,11 +18,4 @@ void check_disjoint_params(const std::vector<const Param*>& params, const std::s
  *  (contiguous grads; undefined, empty or released ones share nothing). */
 void check_disjoint_grads(const std::vector<const Param*>& params, const std::string& who);
 
-/** Throws "[who] the grad of 'a' shares memory with the data of 'b' (...)" (or "with its own
- *  data") if a grad of `params` overlaps any param's data: the step writes each param while it
- *  reads the grads, so the result would depend on the order the updates run in (a bare and a
- *  swapped step order them differently). The params' data must be apart already
- *  (check_disjoint_params). O(n log n). */
-void check_grads_apart_from_data(const std::vector<const Param*>& params, const std::string& who);
-
 }  // namespace swapopt

@@ -336,6 +336,15 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
   if (!moved) return;
   const auto [params, who] = params_of(optimizers);
   check_disjoint_params(params, who);
+  // Kept for the grads' check, which runs every step (grads are new tensors at any step).
+  std::vector<DataRange>& sorted = optimizers.front()->sorted_data_;
+  sorted.clear();
+  for (const Param* p : params)
+    if (p->data.defined() && p->data.nbytes() > 0 && !p->data.is_released()) {
+      const auto begin = reinterpret_cast<uintptr_t>(p->data.data_ptr());
+      sorted.push_back({begin, begin + p->data.nbytes(), p});
+    }
+  std::sort(sorted.begin(), sorted.end(), [](const DataRange& a, const DataRange& b) { return a.begin < b.begin; });
   for (Optimizer* o : optimizers) {
     o->disjoint_scope_ = scope;
     for (ParamRecord& r : o->records_) {
@@ -345,14 +354,31 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
   }
 }
 
+void Optimizer::check_grads_apart_from_data(std::span<Optimizer* const> optimizers) {
+  // Apart (checked) and sorted by start, the data ranges are sorted by end too: the first that
+  // ends past a grad's start is the only one that can overlap it first.
+  const std::vector<DataRange>& data = optimizers.front()->sorted_data_;
+  for (const Optimizer* o : optimizers)
+    for (const ParamRecord& r : o->records_) {
+      const Tensor& g = r.param->grad;
+      if (!g.defined() || g.nbytes() == 0 || g.is_released()) continue;  // no memory to share
+      const auto begin = reinterpret_cast<uintptr_t>(g.data_ptr()), end = begin + g.nbytes();
+      const auto it =
+          std::partition_point(data.begin(), data.end(), [&](const DataRange& d) { return d.end <= begin; });
+      if (it == data.end() || it->begin >= end) continue;
+      const auto [params, who] = params_of(optimizers);
+      SWAPOPT_FAIL("[" << who << "] the grad of '" << r.param->name << "' shares memory with "
+                       << (it->param == r.param ? std::string("its own data") : "the data of '" + it->param->name + "'")
+                       << " (the step writes the params while it reads the grads: give each grad its own memory)");
+    }
+}
+
 void Optimizer::check_together(std::span<Optimizer* const> optimizers, const std::function<void()>& local_checks) {
   std::exception_ptr failure;
   try {
     local_checks();
     check_moved_params_disjoint(optimizers);
-    // Grads are new tensors at any step: checked against the params' data every time.
-    const auto [params, who] = params_of(optimizers);
-    check_grads_apart_from_data(params, who);
+    check_grads_apart_from_data(optimizers);
   } catch (...) {
     failure = std::current_exception();
   }

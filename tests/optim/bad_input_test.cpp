@@ -221,9 +221,9 @@ TEST_SUITE("bad input") {
       for (int swap = 0; swap < 3; ++swap)
         for (int kind = 0; kind < 3; ++kind) {
           Subject s(adamw, swap > 0);
-          if (swap == 2) {  // chunked units: a budget for a few chunks of one param's state
+          if (swap == 2) {  // small budgets: AdamW's units in chunks, Muon's one unit at a time
             s.swapped.reset();
-            SwapConfig config{.min_numel = 1, .device_budget_bytes = 8 << 10};
+            SwapConfig config{.min_numel = 1, .device_budget_bytes = size_t(adamw ? 8 << 10 : 40 << 10)};
             s.swapped = adamw ? swap_adamw(static_cast<AdamW&>(*s.optimizer), config)
                               : swap_muon(static_cast<Muon&>(*s.optimizer), config);
           }
@@ -252,6 +252,13 @@ TEST_SUITE("bad input") {
           const std::string before = s.snap();
           CHECK(error_of([&] { s.step(); }) == want);
           CHECK(s.snap() == before);
+          // Data moved away from its old buffer: that buffer is free to be a grad (the check
+          // reads where the data is now, not where a step last saw it).
+          const Tensor old_w0 = s.params[0]->data;
+          s.params[0]->data = old_w0.clone();
+          s.params[0]->grad = old_w0;
+          s.params.back()->grad = test::random_tensor(s.params.back()->data.shape(), DType::f32, 7);
+          CHECK(error_of([&] { s.step(); }) == "");
         }
   }
 

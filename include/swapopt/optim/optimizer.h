@@ -1,6 +1,7 @@
 #pragma once
 /** Optimizer base: parameter groups, per-parameter named state, step(), state dicts. */
 
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
@@ -335,6 +336,18 @@ class Optimizer {
    *  when some param's `data` points elsewhere than at the last check (re-pointing is allowed). */
   static void check_moved_params_disjoint(std::span<Optimizer* const> optimizers);
   std::vector<const Optimizer*> disjoint_scope_;  // the optimizers its params were last checked with
+  /** A step's check that no grad of `optimizers` shares memory with a param's data (the step
+   *  writes params while it reads grads): a binary search per grad in the first one's
+   *  sorted_data_, which check_moved_params_disjoint keeps. */
+  static void check_grads_apart_from_data(std::span<Optimizer* const> optimizers);
+  /** A param's data bytes [begin, end). */
+  struct DataRange {
+    uintptr_t begin = 0, end = 0;
+    const Param* param = nullptr;
+  };
+  /** The data of the params of disjoint_scope_ (when this optimizer is its first), sorted by
+   *  address: made again whenever the params are checked for sharing memory. */
+  std::vector<DataRange> sorted_data_;
   /** What the optimizer knows of each param, by param_index(). */
   struct ParamRecord {
     const Param* param;
