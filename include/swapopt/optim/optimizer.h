@@ -131,9 +131,10 @@ class Optimizer {
    *  its grad (shape, device, contiguous, not released, sharing no memory with any param's data,
    *  its own included: the step writes params while it reads grads). step() and the swapped step
    *  call it before they change anything, so bad input leaves every byte of params, state,
-   *  counters and host mirrors as it was. Collective under HSDP: the ranks compare which params they step, and a check
-   *  failing on one rank fails on every rank ("[Muon] the step's checks failed on 1 of 2 ranks
-   *  ..." where the rank's own error is not), so no rank is left waiting in a collective. */
+   *  counters and host mirrors as it was. Collective under HSDP: the ranks compare which params
+   *  they step, and a check failing on one rank fails on every rank ("[Muon] the step's checks
+   *  failed on 1 of 2 ranks ..." where the rank's own error is not), so no rank is left waiting
+   *  in a collective. */
   void check_step();
   /** Throws the first bad option of any group, as the group's constructor would. */
   virtual void validate_options() const = 0;
