@@ -3,9 +3,7 @@
 // issues a collective, so that a bad call throws on the calling rank instead of failing inside the
 // collective (where the other ranks then wait for it until the timeout).
 
-#include <algorithm>
 #include <cstdint>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,18 +22,19 @@ inline void check_usable(const Tensor& t, const char* op) {
 /** broadcast_many's tensors share no byte (empty ones share none). Sorted by address, so
  *  O(n log n) for a list of thousands. */
 inline void check_apart(const std::vector<Tensor>& tensors, const char* op) {
-  std::vector<std::tuple<uintptr_t, uintptr_t, size_t>> spans;  // (first byte, one past the last, index)
+  struct Bytes {
+    uintptr_t begin, end;
+    size_t index;
+  };
+  std::vector<Bytes> spans;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto [begin, end] = byte_span(tensors[i]);
-    if (begin != nullptr) spans.emplace_back(reinterpret_cast<uintptr_t>(begin), reinterpret_cast<uintptr_t>(end), i);
+    if (begin != nullptr) spans.push_back({reinterpret_cast<uintptr_t>(begin), reinterpret_cast<uintptr_t>(end), i});
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t k = 1; k < spans.size(); ++k) {
-    const size_t i = std::get<2>(spans[k - 1]), j = std::get<2>(spans[k]);
-    SWAPOPT_CHECK(std::get<1>(spans[k - 1]) <= std::get<0>(spans[k]),
-                  "[comm] " << op << ": tensor " << i << " " << tensors[i].str() << " and tensor " << j << " "
-                            << tensors[j].str() << " share memory");
-  }
+  const auto [x, y] = sort_and_find_overlap(spans);
+  SWAPOPT_CHECK(x == nullptr, "[comm] " << op << ": tensor " << x->index << " " << tensors[x->index].str()
+                                        << " and tensor " << y->index << " " << tensors[y->index].str()
+                                        << " share memory");
 }
 
 /** all_gather's and reduce_scatter's input and output share no byte (NCCL's in-place forms are

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
 #include <vector>
 
 #include "../core/operand_overlap.h"
@@ -100,18 +99,12 @@ void check_updates_apart(std::span<const AdamWUpdate> updates, const char* op) {
         apart, "[" << op << "] update " << x.update << "'s " << x.name << " and update " << y.update << "'s " << y.name
                    << " share memory: the updates run concurrently, so none may write what another reads or writes");
   };
-  std::sort(writes.begin(), writes.end(), [](const UpdateOperand& x, const UpdateOperand& y) {
-    return std::tie(x.begin, x.update) < std::tie(y.begin, y.update);
-  });
-  for (size_t k = 1; k < writes.size(); ++k)
-    check_apart(writes[k - 1].end <= writes[k].begin, writes[k - 1], writes[k]);
-  // The writes are now disjoint and sorted, so their ends are sorted too: the writes a grad
-  // overlaps are a run found by binary search.
-  for (const UpdateOperand& grad : grads) {
-    auto w = std::partition_point(writes.begin(), writes.end(),
-                                  [&](const UpdateOperand& write) { return write.end <= grad.begin; });
-    for (; w != writes.end() && w->begin < grad.end; ++w) check_apart(w->update == grad.update, grad, *w);
-  }
+  if (const auto [x, y] = sort_and_find_overlap(writes); x != nullptr) check_apart(false, *x, *y);
+  // The writes are now apart and sorted: the writes a grad overlaps are a run found by binary
+  // search, and only its own update's may be among them.
+  for (const UpdateOperand& grad : grads)
+    for (auto w = first_overlapping(writes, grad.begin, grad.end); w != writes.end() && w->begin < grad.end; ++w)
+      check_apart(w->update == grad.update, grad, *w);
 }
 
 void run_adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates, bool check_apart) {

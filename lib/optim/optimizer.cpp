@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "../core/operand_overlap.h"
 #include "checkpoint_stream.h"
 #include "disjoint_params.h"
 #include "json.h"
@@ -335,16 +336,16 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
   }
   if (!moved) return;
   const auto [params, who] = params_of(optimizers);
-  check_disjoint_params(params, who);
-  // Kept for the grads' check, which runs every step (grads are new tensors at any step).
-  std::vector<DataRange>& sorted = optimizers.front()->sorted_data_;
-  sorted.clear();
+  std::vector<DataRange> sorted;
   for (const Param* p : params)
-    if (p->data.defined() && p->data.nbytes() > 0 && !p->data.is_released()) {
+    if (p->data.defined() && p->data.nbytes() > 0 && !p->data.is_released()) {  // else no memory to share
       const auto begin = reinterpret_cast<uintptr_t>(p->data.data_ptr());
       sorted.push_back({begin, begin + p->data.nbytes(), p});
     }
-  std::sort(sorted.begin(), sorted.end(), [](const DataRange& a, const DataRange& b) { return a.begin < b.begin; });
+  if (const auto [a, b] = sort_and_find_overlap(sorted); a != nullptr)
+    fail_params_share_memory(*a->param, *b->param, who);
+  // Kept for the grads' check, which runs every step (grads are new tensors at any step).
+  optimizers.front()->sorted_data_ = std::move(sorted);
   for (Optimizer* o : optimizers) {
     o->disjoint_scope_ = scope;
     for (ParamRecord& r : o->records_) {
@@ -355,17 +356,15 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
 }
 
 void Optimizer::check_grads_apart_from_data(std::span<Optimizer* const> optimizers) {
-  // Apart (checked) and sorted by start, the data ranges are sorted by end too: the first that
-  // ends past a grad's start is the only one that can overlap it first.
+  // The data ranges are apart (checked) and sorted: a binary search per grad.
   const std::vector<DataRange>& data = optimizers.front()->sorted_data_;
   for (const Optimizer* o : optimizers)
     for (const ParamRecord& r : o->records_) {
       const Tensor& g = r.param->grad;
       if (!g.defined() || g.nbytes() == 0 || g.is_released()) continue;  // no memory to share
-      const auto begin = reinterpret_cast<uintptr_t>(g.data_ptr()), end = begin + g.nbytes();
-      const auto it =
-          std::partition_point(data.begin(), data.end(), [&](const DataRange& d) { return d.end <= begin; });
-      if (it == data.end() || it->begin >= end) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(g.data_ptr());
+      const auto it = first_overlapping(data, begin, begin + g.nbytes());
+      if (it == data.end()) continue;
       const auto [params, who] = params_of(optimizers);
       SWAPOPT_FAIL("[" << who << "] the grad of '" << r.param->name << "' shares memory with "
                        << (it->param == r.param ? std::string("its own data") : "the data of '" + it->param->name + "'")
