@@ -56,19 +56,21 @@ portable() {
   [ "$zmm" -eq 0 ]
 }
 check "default library without AVX-512" portable
-# The parent's `meson install` takes the shared library its program needs, nothing else of swapopt.
+# The parent's `meson install` takes the shared library its program needs and its licence, nothing
+# else of swapopt.
 installs_only_library() {
   python3 - "$work/subproject/build" <<'PY'
 import json, os, subprocess, sys
 installed = json.loads(subprocess.run(["meson", "introspect", "--installed", sys.argv[1]], check=True,
                                       capture_output=True, text=True).stdout)
 swapopt = [to for source, to in installed.items() if "/subprojects/swapopt/" in source]
-other = [to for to in swapopt if not os.path.basename(to).startswith("libswapopt.so")]
-print(f"subproject installs {len(swapopt)} files, {len(other)} besides the shared library: {other}")
-sys.exit(1 if not swapopt or other else 0)
+licence = [to for to in swapopt if to.endswith("/doc/swapopt/LICENSE")]
+other = [to for to in swapopt if not os.path.basename(to).startswith("libswapopt.so") and to not in licence]
+print(f"subproject installs {len(swapopt)} files, {len(licence)} licence, {len(other)} besides the shared library: {other}")
+sys.exit(1 if len(swapopt) == len(licence) or len(licence) != 1 or other else 0)
 PY
 }
-check "subproject installs only the shared library" installs_only_library
+check "subproject installs only the shared library and its licence" installs_only_library
 # Installed (into a staging root), the program finds the library through its run path alone.
 installed_program_runs() {
   DESTDIR="$work/subroot" meson install -C "$work/subproject/build" --no-rebuild >"$work/subinstall.log" 2>&1 ||
