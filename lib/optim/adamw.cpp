@@ -99,7 +99,7 @@ void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
     updates.push_back({param->data, param->grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars});
   }
   ops::adamw_update_many_of_optimizer(stream_, updates);
-  for (ParamState* state : states) state->step += 1;
+  for (ParamState* state : states) count_update(group, *state);
 }
 
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
@@ -136,7 +136,7 @@ void AdamW::apply_update_chunk(size_t group, Param& param, int64_t begin, int64_
   const Tensor exp_avg_sq = chunk_of("exp_avg_sq");
   const Tensor max_exp_avg_sq = o.amsgrad ? chunk_of("max_exp_avg_sq") : Tensor();
   ParamState& ps = state_[&param];
-  if (begin == 0) ps.step += 1;
+  if (begin == 0) count_update(group, ps);
   ops::adamw_update(stream_, range_of(param.data, begin, end), range_of(param.grad, begin, end), exp_avg, exp_avg_sq,
                     max_exp_avg_sq, scalars_for(o, ps.step));
 }
@@ -153,8 +153,12 @@ void AdamW::check_amsgrad_fits_state(size_t group, const AdamWOptions& options) 
                                    << (options.amsgrad ? "without" : "with")
                                    << " it (amsgrad decides which state a param keeps: choose it in add_param_group, "
                                       "or before the group's first step)");
-    return;
+    break;
   }
+  // Before the group's first step amsgrad may change, but a swap wrapper laid out no mirrors for
+  // the state it would add.
+  check_keys_fit_wrapper(group, keys_for(options), "cannot turn amsgrad on while wrapped",
+                         "drop the wrapper, change the options, wrap again");
 }
 
 void AdamW::set_options(size_t group, const AdamWOptions& options) {

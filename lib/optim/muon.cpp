@@ -207,7 +207,7 @@ void Muon::chunk_momentum(size_t group, const Param& param, int64_t begin, int64
                           const Tensor& out_input) {
   const MuonOptions& o = options_.at(group);
   const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
-  if (begin == 0) state_[&param].step += 1;  // once per update, at its first chunk (as momentum_into counts)
+  if (begin == 0) count_update(group, state_[&param]);  // once per update, at its first chunk (as momentum_into counts)
   const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
   ops::muon_momentum(stream_, range_of(param.grad), buffer, out_input.view({end - begin}), float(o.momentum),
                      float(o.m2()), o.nesterov);
@@ -237,7 +237,7 @@ void Muon::fill_momentum(size_t group, const std::vector<Param*>& params, const 
   const float m1 = float(o.momentum), m2 = float(o.m2());
   // Counted once the checks pass, before any buffer is created: a param with state has a step
   // (the checkpoint's proof that its momentum is there), also if the update below throws.
-  for (const Param* p : params) state_[p].step += 1;
+  for (const Param* p : params) count_update(group, state_[p]);
   if (hooks_.momentum_update_fn) {
     std::vector<Tensor> grads, bufs;
     for (const Param* p : params) {

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "../core/comma_list.h"
 #include "../core/operand_overlap.h"
 #include "checkpoint_stream.h"
 #include "disjoint_params.h"
@@ -245,7 +246,16 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[" << name_ << "] " << call << ": parameter '" << p->name << "' has no grad");
     check_param_with_grad(*p, records_[size_t(param_indices_.at(p))]);
+    const auto state = state_.find(p);
+    SWAPOPT_CHECK(state == state_.end() || state->second.step < std::numeric_limits<int64_t>::max() - 1,
+                  "[" << name_ << "] " << call << ": parameter '" << p->name << "' has taken " << state->second.step
+                      << " steps: no update can follow it");
   }
+}
+
+void Optimizer::count_update(size_t group, ParamState& state) {
+  state.step += 1;
+  groups_[group].step = std::max(groups_[group].step, state.step);
 }
 
 void Optimizer::check_chunk_start(const Param& param, int64_t begin, int64_t end, const char* call) const {
@@ -265,8 +275,22 @@ void Optimizer::fix_layout(const Param& param) {
 
 void Optimizer::set_wrapped(bool wrapped) {
   wrapped_ = wrapped;
-  if (wrapped)
-    for (const ParamRecord& record : records_) fix_layout(*record.param);
+  wrapped_state_keys_.clear();
+  if (!wrapped) return;
+  for (const ParamRecord& record : records_) fix_layout(*record.param);
+  for (size_t g = 0; g < groups_.size(); ++g) wrapped_state_keys_.push_back(group_state_keys(g));
+}
+
+void Optimizer::check_keys_fit_wrapper(size_t group, const std::vector<std::string>& keys, const std::string& what,
+                                       const char* remedy) const {
+  if (wrapped_state_keys_.empty()) return;
+  // Fewer keys leave some mirrors unused; a key without mirrors would stay on the device.
+  const std::vector<std::string>& laid_out = wrapped_state_keys_.at(group);
+  for (const std::string& key : keys)
+    SWAPOPT_CHECK(std::find(laid_out.begin(), laid_out.end(), key) != laid_out.end(),
+                  "[" << name_ << "] " << what << ": group " << group << " would keep state [" << comma_list(keys)
+                      << "], and the SwapOptimizer wrapping it laid out host mirrors only for [" << comma_list(laid_out)
+                      << "] (" << remedy << ")");
 }
 
 void Optimizer::zero_grad() {
@@ -563,6 +587,9 @@ std::function<void()> Optimizer::prepare_load(
                       << "' was put into param_groups() directly: add params with add_param_group()");
   check_layouts();
   const PreparedOptions options = prepare_group_options(options_json);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    check_keys_fit_wrapper(g, options.group_state_keys[g], "cannot load this checkpoint's options while wrapped",
+                           "give the optimizer these options before wrapping it, or load the checkpoint unwrapped");
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();

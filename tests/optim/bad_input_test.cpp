@@ -812,6 +812,18 @@ TEST_SUITE("bad input") {
         CHECK(error_of(step) ==
               "[" + opt->name() + "] group 0 has taken 9223372036854775806 steps: no step can follow it");
         CHECK(serialize_state_dict(state_dict()) + snapshot(*opt, params, swapped.get()) == before);
+        if (swapped) continue;
+        // Nor can an update piece count another step of a param (its file would not load).
+        const std::string piece = adamw ? "update_param" : "update_params";
+        CHECK(error_of([&] {
+                if (adamw) {
+                  static_cast<AdamW&>(*opt).update_param(0, *params[0]);
+                } else {
+                  static_cast<Muon&>(*opt).update_params(0, {params[0].get()});
+                }
+              }) == "[" + opt->name() + "] " + piece +
+                        ": parameter 'w0' has taken 9223372036854775806 steps: no update can follow it");
+        CHECK(serialize_state_dict(state_dict()) + snapshot(*opt, params, swapped.get()) == before);
       }
   }
 
@@ -988,6 +1000,74 @@ TEST_SUITE("bad input") {
     const StateDict state = parse_state_dict(file.data(), file.size(), trust);
     CHECK(state.metadata == meta);
     CHECK(state.tensors.empty());
+  }
+
+  TEST_CASE(
+      "a wrapped AdamW refuses amsgrad turned on (set, mutated or loaded), changing nothing; rewrapped, it is "
+      "swapped") {
+    // The wrapper lays out host mirrors for the keys each group keeps when it wraps: a key added
+    // later would stay on the device, never swapped.
+    const std::string want =
+        "[AdamW] cannot turn amsgrad on while wrapped: group 0 would keep state [exp_avg, exp_avg_sq, max_exp_avg_sq], "
+        "and the SwapOptimizer wrapping it laid out host mirrors only for [exp_avg, exp_avg_sq] (drop the wrapper, "
+        "change the options, wrap again)";
+    const std::string want_load =
+        "[AdamW] cannot load this checkpoint's options while wrapped: group 0 would keep state [exp_avg, exp_avg_sq, "
+        "max_exp_avg_sq], and the SwapOptimizer wrapping it laid out host mirrors only for [exp_avg, exp_avg_sq] (give "
+        "the optimizer these options before wrapping it, or load the checkpoint unwrapped)";
+    AdamWOptions amsgrad;
+    amsgrad.amsgrad = true;
+    auto source_params = model(true);
+    AdamW source(Stream(Device::cpu()));
+    source.add_param_group(source_params, amsgrad);
+    set_grads(source_params, 1);
+    source.step();
+    const StateDict checkpoint = source.state_dict();
+
+    for (bool stepped : {false, true}) {  // before the group's first step, set_options alone would take it
+      CAPTURE(stepped);
+      auto params = model(true);
+      AdamW adamw(Stream(Device::cpu()));
+      adamw.add_param_group(params);
+      SwapConfig config;
+      config.min_numel = 1;
+      auto swapped = swap_adamw(adamw, config);
+      if (stepped) {
+        set_grads(params, 1);
+        swapped->step();
+      }
+      set_grads(params, 2);
+      const std::string before = snapshot(adamw, params, swapped.get());
+      // Once the group has state, amsgrad is fixed anyway, and that error names a param.
+      const std::string want_set = stepped ? "[AdamW] group 0 cannot turn amsgrad on: param 'w0' has state from steps "
+                                             "without it (amsgrad decides which state a param keeps: choose it in "
+                                             "add_param_group, or before the group's first step)"
+                                           : want;
+      CHECK(error_of([&] { adamw.set_options(0, amsgrad); }) == want_set);
+      CHECK_FALSE(adamw.options(0).amsgrad);
+      adamw.mutable_options(0).amsgrad = true;
+      CHECK(error_of([&] { swapped->step(); }) == want_set);
+      adamw.mutable_options(0).amsgrad = false;
+      CHECK(error_of([&] { swapped->load_state_dict(checkpoint); }) == want_load);
+      CHECK_FALSE(adamw.options(0).amsgrad);
+      CHECK(snapshot(adamw, params, swapped.get()) == before);
+
+      // Unwrapped, the checkpoint loads; wrapped again, every state is swapped, bitwise as bare.
+      swapped.reset();
+      adamw.load_state_dict(checkpoint);
+      swapped = swap_adamw(adamw, config);
+      auto bare_params = model(true);
+      AdamW bare(Stream(Device::cpu()));
+      bare.add_param_group(bare_params);
+      bare.load_state_dict(checkpoint);
+      set_grads(bare_params, 2);
+      bare.step();
+      swapped->step();
+      CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+      swapped->synchronize();
+      CHECK(swapped->runtime().find_slot(params[0].get(), "max_exp_avg_sq") != nullptr);
+      CHECK(swapped->last_report().state_bytes == size_t(3 * 4 * (32 * 32 + 64 + 16 * 48 + 32 * 32)));
+    }
   }
 
   TEST_CASE("swapped amsgrad AdamW loading a non-amsgrad checkpoint holds the state set the bare one holds") {

@@ -53,7 +53,9 @@ class AdamW : public Optimizer {
   AdamWOptions& mutable_options(size_t group) { return group_entry(options_, group); }
   /** Replaces group `group`'s options, validated first (a bad value throws, nothing changes).
    *  amsgrad decides which state a param keeps: once the group's params have state it cannot
-   *  change (a named error, here or, after mutable_options(), at the next step or save). */
+   *  change (a named error, here or, after mutable_options(), at the next step or save), and
+   *  while a SwapOptimizer wraps the optimizer it cannot be turned on (its host mirrors were laid
+   *  out without max_exp_avg_sq). */
   void set_options(size_t group, const AdamWOptions& options);
   double lr(size_t group) const override { return group_entry(options_, group).lr; }
   void set_lr(double lr) override;
@@ -65,7 +67,9 @@ class AdamW : public Optimizer {
   std::vector<std::string> group_state_keys(size_t group) const override;
   void validate_options() const override;
 
-  /** One parameter's update (state created as zeros if missing; its step += 1). This and the two
+  /** One parameter's update (state created as zeros if missing; its step += 1, and its group's
+   *  step raised to at least that, so that a checkpoint of an optimizer driven by these pieces
+   *  alone loads). This and the two
    *  below check the params as a step does first, so bad input changes nothing, and are refused
    *  while a SwapOptimizer wraps the optimizer (its state is in the wrapper's host mirrors). */
   void update_param(size_t group, Param& param);

@@ -189,7 +189,9 @@ class Muon : public Optimizer {
   void abandon_hsdp_step(AsyncReplicateBroadcaster& broadcaster) noexcept;
 
   /** Momentum, Newton-Schulz and update of `params` (with grads), by shape group and memory-safe
-   *  batch; with `write_momentum`, as update_assignment says. This and the other pieces that
+   *  batch; with `write_momentum`, as update_assignment says. Each param's step += 1, and the
+   *  group's step is raised to at least that (so that a checkpoint of an optimizer driven by
+   *  these pieces alone loads). This and the other pieces that
    *  update momentum (update_assignment, update_momentum, momentum_chunk, momentum_into) check
    *  the params as a step does first, so bad input changes nothing, and are refused while a
    *  SwapOptimizer wraps the optimizer (its state is in the wrapper's host mirrors). */

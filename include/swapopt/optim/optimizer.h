@@ -158,7 +158,9 @@ class Optimizer {
    *  mirrors, so step(), state_dict() and load_state_dict() go through the wrapper. */
   bool wrapped() const { return wrapped_; }
   /** Set by SwapOptimizer while it wraps this optimizer; wrapping fixes every param's shape and
-   *  dtype (the host mirrors are laid out for them). */
+   *  dtype and each group's state keys (the host mirrors are laid out for them): options that
+   *  would add a key to a group (AdamW's amsgrad turned on), set or loaded, are refused while
+   *  wrapped. */
   void set_wrapped(bool wrapped);
   /** Throws "[Muon] step() on an optimizer wrapped by a SwapOptimizer: ..." when wrapped. */
   void check_unwrapped(const std::string& call) const;
@@ -281,9 +283,20 @@ class Optimizer {
   /** For the public update pieces that change state (Muon's momentum, AdamW's update): refused on
    *  a wrapped optimizer (its state lives in the wrapper's host mirrors), then the options as a
    *  step checks them (validate_options()), check_in_group(), each param listed once, and every
-   *  param's data and grad as a step checks them, so that bad input throws before anything
-   *  changes. */
+   *  param's data and grad as a step checks them, and that each param's step can be counted once
+   *  more (below INT64_MAX - 1, as a checkpoint load takes), so that bad input throws before
+   *  anything changes. */
   void check_update_call(size_t group, std::span<const Param* const> params, const char* call) const;
+  /** Counts one update of a param of group `group` whose state is `state`: its step += 1, and the
+   *  group's step raised to at least that, so that no param has more steps than its group (as a
+   *  checkpoint load requires) also when the update pieces are called outside step(). */
+  void count_update(size_t group, ParamState& state);
+  /** While wrapped, throws "[name] `what`: group g would keep state [...], and the SwapOptimizer
+   *  wrapping it laid out host mirrors only for [...] (`remedy`)" unless each of `keys` is one of
+   *  the group's state keys at the wrap (fewer leave mirrors unused; more would stay on the
+   *  device, never swapped). */
+  void check_keys_fit_wrapper(size_t group, const std::vector<std::string>& keys, const std::string& what,
+                              const char* remedy) const;
   /** For the chunked update pieces: a chunk past 0 needs the param's first update counted (the
    *  chunk at 0 counts the step), else a named error naming `call`. */
   void check_chunk_start(const Param& param, int64_t begin, int64_t end, const char* call) const;
@@ -304,6 +317,9 @@ class Optimizer {
   std::map<const Param*, ParamState> state_;
   /** Whether a SwapOptimizer wraps this optimizer (wrapped(), set_wrapped()). */
   bool wrapped_ = false;
+  /** Each group's state keys when the wrapper laid out its mirrors (set_wrapped()); empty while
+   *  not wrapped. */
+  std::vector<std::vector<std::string>> wrapped_state_keys_;
   /** Set by SwapOptimizer (a friend) while its step runs its adapter: the update pieces that
    *  change state (AdamW::update_params, Muon::update_params and the like) are refused on a
    *  wrapped optimizer, except as the adapter's calls inside the wrapper's step. */
