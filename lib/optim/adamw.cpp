@@ -157,8 +157,9 @@ void AdamW::check_amsgrad_fits_state(size_t group, const AdamWOptions& options) 
   }
   // Before the group's first step amsgrad may change, but a swap wrapper laid out no mirrors for
   // the state it would add.
-  check_keys_fit_wrapper(group, keys_for(options), "cannot turn amsgrad on while wrapped",
-                         "drop the wrapper, change the options, wrap again");
+  if (wrapped())
+    check_keys_fit_wrapper(group, keys_for(options), "cannot turn amsgrad on while wrapped",
+                           "drop the wrapper, change the options, wrap again");
 }
 
 void AdamW::set_options(size_t group, const AdamWOptions& options) {
