@@ -218,7 +218,7 @@ class GlooCommunicator final : public Communicator {
       const size_t chunk = size_t(out.numel());
       std::vector<float> scratch(src, src + chunk * size_t(size_));
       sum_in_place(scratch.data(), scratch.size());
-      std::memcpy(dst, scratch.data() + chunk * size_t(rank_), chunk * sizeof(float));
+      if (chunk > 0) std::memcpy(dst, scratch.data() + chunk * size_t(rank_), chunk * sizeof(float));
     });
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -32,6 +33,9 @@ class HostAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Stream*) override {
     if (nbytes == 0) return nullptr;
+    // Rounding up must not wrap past SIZE_MAX (a request that large would get a tiny block).
+    SWAPOPT_CHECK(nbytes <= std::numeric_limits<size_t>::max() - kCachedBlock,
+                  "[allocator] out of host memory allocating " << nbytes << " bytes");
     const size_t rounded = block_size(nbytes);
     void* ptr = take_cached(rounded);
     if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);

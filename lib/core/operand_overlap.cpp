@@ -30,6 +30,16 @@ bool same_view(const Tensor& x, const Tensor& y) {
 }
 
 Span span_if_defined(const Tensor& x) { return x.defined() ? byte_span(x) : Span{nullptr, nullptr}; }
+
+/** Whether x addresses one element through two indices: a dim of more than one element with
+ *  stride 0 (torch's test; other self-overlapping strides are not looked for). A tensor without
+ *  elements addresses none, whatever its strides. */
+bool repeats_elements(const Tensor& x) {
+  if (!x.defined() || x.numel() == 0) return false;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (x.size(d) > 1 && x.strides()[size_t(d)] == 0) return true;
+  return false;
+}
 }  // namespace
 
 bool spans_overlap(const Tensor& x, const Tensor& y) { return overlap(byte_span(x), byte_span(y)); }
@@ -46,6 +56,9 @@ void check_operands_apart(const char* op, std::initializer_list<NamedOperand> ou
   const NamedOperand* const out = outputs.begin();
   const NamedOperand* const in = inputs.begin();
   for (size_t o = 0; o < outputs.size(); ++o) {
+    SWAPOPT_CHECK(!repeats_elements(out[o].tensor), "[" << op << "] " << out[o].name << " " << out[o].tensor.str()
+                                                        << " has a dim of stride 0: an output must address each of its "
+                                                           "elements once");
     for (size_t other = o + 1; other < outputs.size(); ++other)
       SWAPOPT_CHECK(!overlap(spans[o], spans[other]), "[" << op << "] " << out[o].name << " and " << out[other].name
                                                           << " share memory: an op's outputs must not overlap");

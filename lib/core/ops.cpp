@@ -68,9 +68,13 @@ void check_output_apart(const Tensor& out, const Tensor& in, const char* op, con
 
 /** The product of the leading dims (1 for a matrix or fewer dims): also for matrices of 0 rows or
  *  columns, which hold no elements. */
-int64_t matrices_in(const Tensor& x) {
+/** The matrices of x (the product of its leading dims), or a named error of `op` for a count past
+ *  int64 (possible only for a shape with a 0 among its matrix dims). */
+int64_t matrices_in(const Tensor& x, const char* op) {
   int64_t count = 1;
-  for (int64_t d = 0; d + 2 < x.dim(); ++d) count *= x.size(d);
+  for (int64_t d = 0; d + 2 < x.dim(); ++d)
+    SWAPOPT_CHECK(!__builtin_mul_overflow(count, x.size(d), &count),
+                  "[" << op << "] x " << x.str() << " holds more matrices than an int64 counts");
   return count;
 }
 
@@ -146,8 +150,10 @@ void frobenius_norm(Stream& stream, const Tensor& x, const Tensor& out_norms) {
   check_on_stream(stream, x, "frobenius_norm", "x");
   check_on_stream(stream, out_norms, "frobenius_norm", "norms");
   SWAPOPT_CHECK(x.is_contiguous(), "[frobenius_norm] x " << x.str() << " must be contiguous");
-  SWAPOPT_CHECK(out_norms.dtype() == DType::f32 && out_norms.is_contiguous() && out_norms.numel() == matrices_in(x),
-                "[frobenius_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got " << out_norms.str());
+  const int64_t matrices = matrices_in(x, "frobenius_norm");
+  SWAPOPT_CHECK(
+      out_norms.dtype() == DType::f32 && out_norms.is_contiguous() && out_norms.numel() == matrices,
+      "[frobenius_norm] norms must be contiguous f32 with " << matrices << " elements, got " << out_norms.str());
   check_operands_apart("frobenius_norm", {{out_norms, "norms"}}, {{x, "x"}});
   if (x.numel() == 0) {  // matrices without elements (or none): norms of 0
     fill_zero(stream, out_norms);
@@ -183,9 +189,10 @@ void scale_by_inverse_norm(Stream& stream, const Tensor& x, const Tensor& norms,
   check_on_stream(stream, x, "scale_by_inverse_norm", "x");
   check_on_stream(stream, norms, "scale_by_inverse_norm", "norms");
   SWAPOPT_CHECK(x.is_contiguous(), "[scale_by_inverse_norm] x " << x.str() << " must be contiguous");
-  SWAPOPT_CHECK(norms.dtype() == DType::f32 && norms.is_contiguous() && norms.numel() == matrices_in(x),
-                "[scale_by_inverse_norm] norms must be contiguous f32 with " << matrices_in(x) << " elements, got "
-                                                                             << norms.str());
+  const int64_t matrices = matrices_in(x, "scale_by_inverse_norm");
+  SWAPOPT_CHECK(
+      norms.dtype() == DType::f32 && norms.is_contiguous() && norms.numel() == matrices,
+      "[scale_by_inverse_norm] norms must be contiguous f32 with " << matrices << " elements, got " << norms.str());
   check_operands_apart("scale_by_inverse_norm", {{x, "x"}}, {{norms, "norms"}});
   if (x.numel() == 0) return;
   if (stream.device().is_cpu()) {

@@ -14,9 +14,18 @@ namespace swapopt {
 namespace {
 std::atomic<uint64_t> g_streams_created{0};
 std::atomic<uint64_t> g_events_created{0};
+
+/** `device`, or a named error for a device no stream or event can be on (the CPU is index 0). */
+Device checked(Device device, const char* who) {
+  SWAPOPT_CHECK(device.is_cpu() ? device.index == 0 : device.index >= 0,
+                "[" << who << "] no device " << (device.is_cpu() ? "cpu" : "cuda") << " index " << device.index
+                    << (device.is_cpu() ? " (the CPU is Device::cpu(), index 0)" : ""));
+  return device;
+}
 }  // namespace
 
 Stream::Stream(Device device) {
+  checked(device, "Stream");
   if (device.is_cpu()) {
     impl_ = std::make_shared<cpu::CpuStream>();
   } else {
@@ -46,6 +55,7 @@ void* Stream::native_handle() const { return impl_->native_handle(); }
 
 void Stream::enqueue(std::function<void()> fn) {
   SWAPOPT_CHECK(device().is_cpu(), "[Stream::enqueue] host functions run only on CPU streams, not " << device().str());
+  SWAPOPT_CHECK(fn != nullptr, "[Stream::enqueue] empty function");
   impl_->enqueue(std::move(fn));
 }
 
@@ -53,6 +63,7 @@ Stream& default_stream(Device device) {
   static std::mutex mutex;
   // Never destroyed: at exit the CUDA runtime may already be gone, so their handles stay with the process.
   static auto* streams = new std::map<std::pair<int, int>, Stream>();
+  checked(device, "default_stream");
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(int(device.type), device.index);
   auto it = streams->find(key);
@@ -61,6 +72,7 @@ Stream& default_stream(Device device) {
 }
 
 Event::Event(Device device, bool enable_timing) {
+  checked(device, "Event");
   if (device.is_cpu()) {
     impl_ = std::make_shared<cpu::CpuEvent>();
   } else {

@@ -227,7 +227,9 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   Shape shape = this->shape();
   shape[i] = length;
   Tensor t = *this;
-  t.offset_ += start * strides()[i];
+  // A view without elements addresses nothing: its offset stays (its strides may be past int64,
+  // as a dim of 0 allows, and the product with them past int64 too).
+  if (numel() > 0) t.offset_ += start * strides()[i];
   t.set_layout(std::move(shape), strides());
   return t;
 }
@@ -249,7 +251,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   shape.erase(shape.begin() + int64_t(i));
   strides.erase(strides.begin() + int64_t(i));
   Tensor t = *this;
-  t.offset_ += index * this->strides()[i];
+  if (numel() > 0) t.offset_ += index * this->strides()[i];  // as in narrow()
   t.set_layout(std::move(shape), std::move(strides));
   return t;
 }

@@ -46,7 +46,7 @@ std::vector<CpuStream*>& registry() {
 
 }  // namespace
 
-CpuStream::CpuStream() : worker_([this] { run(); }) {
+CpuStream::CpuStream() : worker_([queue = queue_] { run(*queue); }) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().push_back(this);
 }
@@ -57,25 +57,29 @@ CpuStream::~CpuStream() {
     registry().erase(std::find(registry().begin(), registry().end(), this));
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stopping = true;
   }
-  work_cv_.notify_all();
-  worker_.join();
+  queue_->work_cv.notify_all();
+  if (worker_.get_id() == std::this_thread::get_id()) {
+    worker_.detach();  // one of its own tasks dropped the last handle: it drains the queue and exits
+  } else {
+    worker_.join();
+  }
 }
 
 void CpuStream::push(std::function<void()> fn, bool control) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({std::move(fn), control});
-    ++pending_;
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->tasks.push_back({std::move(fn), control});
+    ++queue_->pending;
   }
-  work_cv_.notify_one();
+  queue_->work_cv.notify_one();
 }
 
 bool CpuStream::busy() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return pending_ > 0;
+  std::lock_guard<std::mutex> lock(queue_->mutex);
+  return queue_->pending > 0;
 }
 
 void after_queued_work(std::function<void()> fn) {
@@ -100,14 +104,14 @@ void after_queued_work(std::function<void()> fn) {
   fn();
 }
 
-void CpuStream::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
+void CpuStream::run(Queue& queue) {
+  std::unique_lock<std::mutex> lock(queue.mutex);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping and drained
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    const bool skip = error_ && !task.control;
+    queue.work_cv.wait(lock, [&] { return queue.stopping || !queue.tasks.empty(); });
+    if (queue.tasks.empty()) return;  // stopping and drained
+    Task task = std::move(queue.tasks.front());
+    queue.tasks.pop_front();
+    const bool skip = queue.error && !task.control;
     lock.unlock();
     std::exception_ptr failure;
     if (!skip) {
@@ -117,10 +121,10 @@ void CpuStream::run() {
         failure = std::current_exception();
       }
     }
-    task.fn = nullptr;  // drop captured tensors before reporting idle
+    task.fn = nullptr;  // drop captured tensors (and maybe the stream's last handle) before reporting idle
     lock.lock();
-    if (failure && !error_) error_ = failure;
-    if (--pending_ == 0) idle_cv_.notify_all();
+    if (failure && !queue.error) queue.error = failure;
+    if (--queue.pending == 0) queue.idle_cv.notify_all();
   }
 }
 
@@ -131,11 +135,11 @@ void CpuStream::wait(EventImpl& event) {
 }
 
 void CpuStream::synchronize() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  idle_cv_.wait(lock, [&] { return pending_ == 0; });
-  if (error_) {
-    std::exception_ptr error = error_;
-    error_ = nullptr;
+  std::unique_lock<std::mutex> lock(queue_->mutex);
+  queue_->idle_cv.wait(lock, [&] { return queue_->pending == 0; });
+  if (queue_->error) {
+    std::exception_ptr error = queue_->error;
+    queue_->error = nullptr;
     std::rethrow_exception(error);
   }
 }

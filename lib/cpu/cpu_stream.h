@@ -51,16 +51,22 @@ class CpuStream final : public StreamImpl {
     std::function<void()> fn;
     bool control;
   };
-  void run();
+  /** The tasks and the worker's state, shared with the worker thread: a task that drops the
+   *  stream's last handle destroys the stream on its own worker, which then finishes this queue
+   *  and exits by itself (a thread cannot join itself). */
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable work_cv;  // worker: tasks queued or stopping
+    std::condition_variable idle_cv;  // synchronize: nothing queued or running
+    std::deque<Task> tasks;
+    size_t pending = 0;  // queued + running
+    bool stopping = false;
+    std::exception_ptr error;
+  };
+  static void run(Queue& queue);
 
-  std::mutex mutex_;
-  std::condition_variable work_cv_;  // worker: queue non-empty or stopping
-  std::condition_variable idle_cv_;  // synchronize: nothing queued or running
-  std::deque<Task> queue_;
-  size_t pending_ = 0;  // queued + running
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::thread worker_;  // last: starts after the members above exist
+  std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
+  std::thread worker_;  // last: starts after the queue exists
 };
 
 /** Runs `fn` once every CPU stream has run the work queued on it so far: now when all are idle,

@@ -60,9 +60,9 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
 
 uint32_t crc32_of(const void* data, size_t size) { return crc32_update(uint32_t(crc32(0L, Z_NULL, 0)), data, size); }
 
-// Bounds that keep a corrupt header from asking for absurd sizes.
+// Bounds that keep a corrupt header from asking for absurd sizes; a save refuses what a load would.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
-constexpr int64_t kMaxDims = 8;
+constexpr int64_t kMaxDims = 64;
 constexpr uint64_t kMaxEmptyExtent = uint64_t(1) << 32;  // the product of an empty tensor's nonzero dims
 
 }  // namespace
@@ -87,6 +87,20 @@ std::string header_bytes(const std::string& metadata, const std::vector<HeaderTe
   checksums[kMetadataChecksum] = crc32_of(metadata.data(), metadata.size());
   uint64_t offset = 0;
   for (const HeaderTensor& t : tensors) {
+    const std::string& name = *t.name;
+    SWAPOPT_CHECK(name != "__metadata__",
+                  "[checkpoint] a tensor cannot be named '__metadata__': the format keeps that name for the metadata");
+    SWAPOPT_CHECK(int64_t(t.shape->size()) <= kMaxDims, "[checkpoint] tensor '" << name << "' has " << t.shape->size()
+                                                                                << " dims: a checkpoint holds at most "
+                                                                                << kMaxDims);
+    if (std::find(t.shape->begin(), t.shape->end(), 0) != t.shape->end()) {
+      uint64_t extent = 1;
+      for (const int64_t dim : *t.shape)
+        if (dim > 0) extent = uint64_t(dim) > kMaxEmptyExtent / extent ? kMaxEmptyExtent + 1 : extent * uint64_t(dim);
+      SWAPOPT_CHECK(extent <= kMaxEmptyExtent, "[checkpoint] tensor '" << name << "' has no elements but dims "
+                                                                       << shape_str(*t.shape) << " beyond "
+                                                                       << kMaxEmptyExtent << " together");
+    }
     header[*t.name] = Value::object({{"dtype", safetensors_dtype(t.dtype)},
                                      {"shape", *t.shape},
                                      {"data_offsets", Value::array({offset, offset + t.nbytes})}});
@@ -97,6 +111,10 @@ std::string header_bytes(const std::string& metadata, const std::vector<HeaderTe
       Value::object({{"swapopt", metadata}, {kChecksumsKey, json::dump(checksums, "the tensor names")}});
   std::string text = json::dump(header, "the checkpoint header");
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes with spaces
+  SWAPOPT_CHECK(text.size() <= kMaxHeaderBytes, "[checkpoint] the header would take "
+                                                    << text.size() << " bytes (metadata " << metadata.size() << ", "
+                                                    << tensors.size() << " tensor names): a checkpoint holds at most "
+                                                    << kMaxHeaderBytes);
   std::string out(8, '\0');
   const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char((n >> (8 * i)) & 0xff);
@@ -304,13 +322,19 @@ class AtomicFile {
 class ReadFile {
  public:
   explicit ReadFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Non-blocking, so that opening a FIFO returns (it is refused below) instead of waiting for a
+    // writer; reads of a regular file ignore the flag.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     const int err = errno;
     SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot open '" << path << "': " << std::strerror(err));
     if (::fstat(fd_, &opened_) != 0) {
       const int stat_err = errno;
       ::close(fd_);
       SWAPOPT_FAIL("[checkpoint] cannot stat '" << path << "': " << std::strerror(stat_err));
+    }
+    if (!S_ISREG(opened_.st_mode)) {
+      ::close(fd_);
+      SWAPOPT_FAIL("[checkpoint] cannot read '" << path << "': not a regular file");
     }
   }
   ~ReadFile() { ::close(fd_); }

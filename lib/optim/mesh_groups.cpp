@@ -15,19 +15,31 @@ MeshGroups::MeshGroups(std::shared_ptr<Communicator> world, std::shared_ptr<cons
                                          << world_->size() << ")");
 }
 
+void MeshGroups::check_dims(const std::vector<int64_t>& dims) const {
+  for (size_t k = 0; k < dims.size(); ++k)
+    SWAPOPT_CHECK(dims[k] >= 0 && dims[k] < mesh_->ndim() && (k == 0 || dims[k - 1] < dims[k]),
+                  "[MeshGroups] dims " << shape_str(dims) << " must be distinct dims of the mesh "
+                                       << shape_str(mesh_->shape()) << ", ascending");
+}
+
 int64_t MeshGroups::size(const std::vector<int64_t>& dims) const {
+  check_dims(dims);
   int64_t n = 1;
   for (int64_t d : dims) n *= mesh_->size(d);
   return n;
 }
 
 int64_t MeshGroups::index(const std::vector<int64_t>& dims) const {
+  check_dims(dims);
   int64_t i = 0;
   for (int64_t d : dims) i = i * mesh_->size(d) + mesh_->coordinate()[size_t(d)];
   return i;
 }
 
 std::vector<int64_t> MeshGroups::coordinate_at(const std::vector<int64_t>& dims, int64_t index) const {
+  const int64_t n = size(dims);
+  SWAPOPT_CHECK(index >= 0 && index < n,
+                "[MeshGroups] index " << index << " is outside the " << n << " ranks along dims " << shape_str(dims));
   std::vector<int64_t> coordinate = mesh_->coordinate();
   for (size_t k = dims.size(); k-- > 0;) {
     coordinate[size_t(dims[k])] = index % mesh_->size(dims[k]);

@@ -79,6 +79,11 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   // sub-groups' rendezvous), so that a rank refusing alone does not leave the others waiting there.
   const Param* first = nullptr;
   std::exception_ptr refused;
+  // What every rank must agree on, compared by digest after the local checks: the options and
+  // each param's place in the groups, dtype, logical shape and placements (the plan is made from
+  // them; ranks differing would make different sub-groups and owners, and wait or skip updates).
+  std::string options_text, layouts_text;
+  size_t with_layout = 0;
   try {
     SWAPOPT_CHECK(!hsdp_enabled(), "[Muon] HSDP is already enabled");
     // The wrapper laid out its mirrors for every param, and a SwapOptimizerSet ordered its members,
@@ -111,15 +116,43 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
                                                         << "; HSDP needs one mesh");
       }
     SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
+    // (not options.name: ranks sharing a process need names of their own)
+    options_text = "cap_bytes " + std::to_string(options.cap_bytes) + ", replica_count " +
+                   (options.replica_count ? std::to_string(*options.replica_count) : "unset");
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (const ParamPtr& p : groups_[g].params) {
+        layouts_text += "; group " + std::to_string(g) + " '" + p->name + "' " + dtype_name(p->data.dtype());
+        if (!p->layout) continue;
+        ++with_layout;
+        layouts_text += " " + shape_str(p->layout->logical_shape());
+        int64_t replicas = 1;
+        for (const int64_t d : p->layout->replicate_dims()) replicas *= p->layout->mesh().size(d);
+        for (const Placement& placement : p->layout->placements()) layouts_text += " " + placement.str();
+        // Checked here, not in the plan below: a rank refusing there would leave the others
+        // waiting in the sub-groups' rendezvous.
+        const int64_t block = options.replica_count ? std::min(*options.replica_count, replicas) : replicas;
+        SWAPOPT_CHECK(replicas % block == 0, "[Muon] HsdpOptions::replica_count "
+                                                 << *options.replica_count << " must divide the " << replicas
+                                                 << " replicas of parameter '" << p->name << "'");
+      }
   } catch (...) {
     refused = std::current_exception();
   }
-  const bool refused_elsewhere =
-      world->size() > 1 && sum_over_ranks(*world, device(), {refused ? 1.f : 0.f})[0] > (refused ? 1.f : 0.f);
+  std::vector<float> votes = {refused ? 1.f : 0.f};
+  const uint64_t digest = fnv1a_64(options_text + layouts_text);
+  for (int bit = 0; bit < 64; ++bit) votes.push_back(float((digest >> bit) & 1));
+  if (world->size() > 1) votes = sum_over_ranks(*world, device(), votes);
   if (refused) std::rethrow_exception(refused);
   SWAPOPT_CHECK(
-      !refused_elsewhere,
+      votes[0] == 0.f,
       "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is not enabled");
+  // Every rank sees the same sums: a bit set on some ranks but not all is a difference.
+  SWAPOPT_CHECK(
+      std::all_of(votes.begin() + 1, votes.end(), [&](float n) { return n == 0.f || n == float(world->size()); }),
+      "[Muon] enable_hsdp: the ranks' setups differ (this rank: "
+          << options_text << "; " << with_layout
+          << " params with layouts): every rank must pass the same HsdpOptions, with the same params "
+             "(names, groups, dtypes, logical shapes, placements): HSDP is not enabled");
   const int instance = hsdp_instances++;  // counted whether named or not, so ranks stay in step
   auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(),
                                                   options.name.empty() ? "hsdp" + std::to_string(instance) : options.name);
@@ -142,10 +175,8 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
     }
     for (const Domain& d : domains) {
       const int64_t replicas = mesh_groups->size(d.replicate);
-      const int64_t block = options.replica_count ? std::min(*options.replica_count, replicas) : replicas;
-      SWAPOPT_CHECK(replicas % block == 0, "[Muon] HsdpOptions::replica_count "
-                                               << *options.replica_count << " must divide the " << replicas
-                                               << " replicas of parameter '" << d.params.front()->name << "'");
+      const int64_t block =
+          options.replica_count ? std::min(*options.replica_count, replicas) : replicas;  // divides (checked)
       // A shard group of one rank holds whole tensors: the param is replicated in effect.
       const int64_t shard_ranks = mesh_groups->size(d.shard);
       std::vector<HsdpAssignment> assignments = make_hsdp_assignments(

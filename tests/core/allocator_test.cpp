@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <limits>
 
 #include "test_util.h"
 
@@ -95,4 +96,20 @@ TEST_CASE("a CPU release without a stream gives the bytes back only after the wo
   const MemoryStats before = memory_stats(Device::cpu());
   idle.storage()->release();
   CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes - size_t(n) * 4);
+}
+
+TEST_CASE("a host allocation too large to round up is refused, not handed a tiny block") {
+  // Rounding SIZE_MAX up to a block once wrapped to a few bytes, which a Storage then took for
+  // SIZE_MAX bytes.
+  Allocator& allocator = device_allocator(Device::cpu());
+  const MemoryStats before = allocator.stats();
+  for (const size_t nbytes : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 100,
+                              std::numeric_limits<size_t>::max() - (size_t(1) << 20) + 1}) {
+    CAPTURE(nbytes);
+    CHECK_THROWS_WITH_AS(Storage(nbytes, Device::cpu(), allocator),
+                         ("[allocator] out of host memory allocating " + std::to_string(nbytes) + " bytes").c_str(),
+                         Error);
+  }
+  CHECK(allocator.stats().allocations == before.allocations);
+  CHECK(allocator.stats().current_bytes == before.current_bytes);
 }

@@ -415,3 +415,41 @@ TEST_CASE("ops reject bad arguments with the operation and the values") {
         "[cast] dst Tensor(f32, [3, 4], cpu) has released storage");
   CHECK(test::error_of([&] { ops::axpby(s, 1.f, fine, 1.f, Tensor()); }) == "[axpby] y is undefined");
 }
+
+TEST_CASE("an output that addresses an element twice (a dim of stride 0) is refused, changing nothing") {
+  Stream s(Device::cpu());
+  float one[1] = {7.f};
+  const Tensor repeated = Tensor::from_blob(one, {4}, {0}, DType::f32, Device::cpu());
+  const Tensor src = Tensor::from_floats({1, 2, 3, 4}, {4});
+  const std::string tail = " has a dim of stride 0: an output must address each of its elements once";
+  // (the other elementwise ops take contiguous tensors only)
+  CHECK(test::error_of([&] { ops::copy(s, src, repeated); }) == "[copy] dst " + repeated.str() + tail);
+  s.synchronize();
+  CHECK(one[0] == 7.f);
+  // As an input, or along a dim of one element, stride 0 is fine.
+  float out[4] = {};
+  ops::copy(s, repeated, Tensor::from_blob(out, {4}, DType::f32, Device::cpu()));
+  ops::copy(s, src.narrow(0, 0, 1), Tensor::from_blob(one, {1}, {0}, DType::f32, Device::cpu()));
+  s.synchronize();
+  CHECK(out[3] == 7.f);
+  CHECK(one[0] == 1.f);
+}
+
+TEST_CASE("views and norms of tensors without elements but with dims whose products pass int64") {
+  // A dim of 0 allows strides past int64 (contiguous_strides saturates): views of such tensors
+  // must not compute offsets from them (undefined behaviour, caught by UBSan in CI).
+  const int64_t big = int64_t(1) << 40;
+  const Tensor t = Tensor::empty({0, big, big}, DType::f32, Device::cpu());
+  CHECK(t.narrow(1, big / 2, 1).shape() == Shape{0, 1, big});
+  CHECK(t.select(1, big - 1).shape() == Shape{0, big});
+  CHECK(t.narrow(2, big - 1, 1).select(2, 0).numel() == 0);
+  // 2^80 matrices of 0 x 1: no count of norms fits, and the error says so.
+  Stream s(Device::cpu());
+  const Tensor x = Tensor::empty({0, big, big, 1}, DType::f32, Device::cpu()).transpose(0, 2);  // [2^40, 2^40, 0, 1]
+  const Tensor norms = Tensor::empty({0}, DType::f32, Device::cpu());
+  CHECK(test::error_of([&] { ops::frobenius_norm(s, x, norms); }) ==
+        "[frobenius_norm] x " + x.str() + " holds more matrices than an int64 counts");
+  CHECK(test::error_of([&] { ops::scale_by_inverse_norm(s, x, norms, 1e-7f); }) ==
+        "[scale_by_inverse_norm] x " + x.str() + " holds more matrices than an int64 counts");
+  s.synchronize();
+}

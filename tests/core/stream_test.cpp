@@ -1,5 +1,6 @@
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -157,4 +158,44 @@ TEST_CASE("the process device: LaunchEnv::device() and use_device() without a GP
     if (cuda_device_count() <= 3)
       CHECK_THROWS_WITH_AS(env.device(), doctest::Contains("[comm] LOCAL_RANK 3 has no GPU"), Error);
   }
+}
+
+TEST_CASE("a CPU stream whose last handle is dropped by its own task ends cleanly") {
+  // The task holds a copy of its stream and runs only after the caller's copy is gone: when the
+  // worker drops the task, it destroys the stream on its own thread, which cannot join itself
+  // (this aborted the process with "Resource deadlock avoided").
+  for (int i = 0; i < 20; ++i) {
+    std::promise<void> owner_gone;
+    std::shared_future<void> gate = owner_gone.get_future().share();
+    std::atomic<bool> ran{false};
+    {
+      Stream s(Device::cpu());
+      s.enqueue([s, gate, &ran] {
+        gate.wait();
+        ran = true;
+      });
+    }
+    owner_gone.set_value();
+    while (!ran) std::this_thread::yield();
+  }
+  // The worker finishes on its own; a stream made now works as any other.
+  Stream s(Device::cpu());
+  std::atomic<int> n{0};
+  s.enqueue([&] { ++n; });
+  s.synchronize();
+  CHECK(n == 1);
+}
+
+TEST_CASE("streams and events refuse a CPU index other than 0, and an empty function") {
+  for (const int index : {1, 5, -1}) {
+    const Device cpu{DeviceType::cpu, index};
+    const std::string where = "no device cpu index " + std::to_string(index) + " (the CPU is Device::cpu(), index 0)";
+    CHECK(test::error_of([&] { Stream s(cpu); }) == "[Stream] " + where);
+    CHECK(test::error_of([&] { Event e(cpu); }) == "[Event] " + where);
+    CHECK(test::error_of([&] { default_stream(cpu); }) == "[default_stream] " + where);
+  }
+  Stream s(Device::cpu());
+  CHECK(test::error_of([&] { s.enqueue(nullptr); }) == "[Stream::enqueue] empty function");
+  CHECK(test::error_of([&] { s.enqueue(std::function<void()>()); }) == "[Stream::enqueue] empty function");
+  s.synchronize();
 }

@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -399,4 +401,57 @@ TEST_CASE("an optimizer driven by its update pieces alone saves checkpoints that
     CHECK(serialize_state_dict(adamw_a.state_dict()) == serialize_state_dict(adamw_c.state_dict()));
     CHECK(serialize_state_dict(muon_a.state_dict()) == serialize_state_dict(muon_c.state_dict()));
   }
+}
+
+TEST_CASE("a state dict no load would take is refused by the save, which writes nothing; a FIFO is no checkpoint") {
+  const std::string path = temp_path("unloadable");
+  std::remove(path.c_str());
+  auto with = [](const std::string& name, const Tensor& t, std::string metadata = "{}") {
+    StateDict s;
+    s.metadata = std::move(metadata);
+    s.tensors.emplace(name, t);
+    return s;
+  };
+  const Tensor x = test::random_tensor({3}, DType::f32, 1);
+  struct Case {
+    const char* what;
+    StateDict state;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"the metadata's name", with("__metadata__", x),
+       "[checkpoint] a tensor cannot be named '__metadata__': the format keeps that name for the metadata"},
+      {"the metadata's name, no elements", with("__metadata__", Tensor::zeros({0}, DType::f32, Device::cpu())),
+       "[checkpoint] a tensor cannot be named '__metadata__': the format keeps that name for the metadata"},
+      {"65 dims", with("t", Tensor::zeros(Shape(65, 1), DType::f32, Device::cpu())),
+       "[checkpoint] tensor 't' has 65 dims: a checkpoint holds at most 64"},
+      {"no elements, huge dims", with("t", Tensor::zeros({0, int64_t(1) << 33}, DType::f32, Device::cpu())),
+       "[checkpoint] tensor 't' has no elements but dims [0, 8589934592] beyond 4294967296 together"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    CHECK(test::error_of([&] { save_state_dict(c.state, path); }) == c.want);
+    CHECK(test::error_of([&] { serialize_state_dict(c.state); }) == c.want);
+    CHECK_FALSE(std::filesystem::exists(path));
+  }
+  const std::string header_error =
+      test::error_of([&] { save_state_dict(with("t", x, std::string(101u << 20, 'm')), path); });
+  CHECK(header_error.rfind("[checkpoint] the header would take ", 0) == 0);
+  CHECK(header_error.find("bytes (metadata 105906176, 1 tensor names): a checkpoint holds at most 104857600") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(path));
+
+  // What the save takes, the load takes: 64 dims, and no elements up to the bound.
+  for (const Shape& shape : {Shape(64, 1), Shape{0, int64_t(1) << 32}, Shape{9, 1, 1, 1, 1, 1, 1, 1, 2}}) {
+    const StateDict state = with("t", Tensor::zeros(shape, DType::f32, Device::cpu()));
+    save_state_dict(state, path);
+    CHECK(serialize_state_dict(load_state_dict(path)) == serialize_state_dict(state));
+    std::remove(path.c_str());
+  }
+
+  // Opening a FIFO waited for a writer; it is refused at once.
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  CHECK(test::error_of([&] { load_state_dict(path); }) ==
+        "[checkpoint] cannot read '" + path + "': not a regular file");
+  std::remove(path.c_str());
 }

@@ -157,6 +157,22 @@ TEST_CASE("MeshGroups: indices along mesh dims, the members and names of each gr
   CHECK(log[1] == FakeCommunicator::SubGroupLog::value_type{{1, 4}, "t/dims.0/block2/first1"});
   CHECK(log[2] == FakeCommunicator::SubGroupLog::value_type{{4, 5}, "t/dims.0.1/block2/first4"});
   CHECK_THROWS_WITH_AS(groups.group({1}, 2), "[MeshGroups] block 2 does not divide 3 ranks", Error);
+  // Dims must be distinct mesh dims in ascending order, and an index one of theirs.
+  for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{1, 1}, {1, 0}, {2}, {-1}}) {
+    CAPTURE(shape_str(dims));
+    const std::string want =
+        "[MeshGroups] dims " + shape_str(dims) + " must be distinct dims of the mesh [2, 3], ascending";
+    CHECK(test::error_of([&] { groups.size(dims); }) == want);
+    CHECK(test::error_of([&] { groups.index(dims); }) == want);
+    CHECK(test::error_of([&] { groups.coordinate_at(dims, 0); }) == want);
+    CHECK(test::error_of([&] { groups.group(dims, 1); }) == want);
+  }
+  CHECK(test::error_of([&] { groups.coordinate_at({1}, 3); }) ==
+        "[MeshGroups] index 3 is outside the 3 ranks along dims [1]");
+  CHECK(test::error_of([&] {
+          groups.coordinate_at({0, 1}, -1);
+        }) == "[MeshGroups] index -1 is outside the 6 ranks along dims [0, 1]");
+  CHECK(log.size() == 3);  // no group made by a refused call
 }
 
 TEST_CASE("HSDP on a one-rank mesh equals plain Muon bitwise; loading skips no owned state") {

@@ -369,3 +369,84 @@ TEST_CASE(
   });
   CHECK(errors == std::vector<std::string>{"", ""});
 }
+
+TEST_CASE("enable_hsdp: ranks whose HsdpOptions or layouts differ are refused on every rank, before any sub-group") {
+  // Before, such ranks enabled HSDP and then stepped with different plans: a param no rank owned
+  // was zeroed, or a rank waited for the others until the timeout.
+  struct Case {
+    const char* what;
+    std::function<void(int rank, HsdpOptions&, std::vector<Placement>&, Shape&, std::string&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"cap_bytes", [](int rank, HsdpOptions& o, auto&, auto&, auto&) { o.cap_bytes = rank == 1 ? 1 : o.cap_bytes; }},
+      {"replica_count",
+       [](int rank, HsdpOptions& o, auto&, auto&, auto&) {
+         if (rank == 1) o.replica_count = 1;
+       }},
+      {"placements",
+       [](int rank, auto&, std::vector<Placement>& p, auto&, auto&) {
+         if (rank == 1) p[1] = Placement::Shard(1);
+       }},
+      {"logical shape",
+       [](int rank, auto&, auto&, Shape& s, auto&) {
+         if (rank == 1) s = {12, 8};
+       }},
+      {"name",
+       [](int rank, auto&, auto&, auto&, std::string& n) {
+         if (rank == 1) n = "c";
+       }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    auto world = std::make_shared<test::ThreadWorld>();
+    std::vector<std::string> seen(4);
+    const std::vector<std::string> errors = test::run_on_thread_ranks(4, [&](int rank) {
+      auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 4);
+      auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 2},
+                                               std::vector<std::string>{"replicate", "shard"}, rank);
+      HsdpOptions options;
+      std::vector<Placement> placements = {Placement::Replicate(), Placement::Shard(0)};
+      Shape shape = {12, 6};
+      std::string name = "b";
+      c.change(rank, options, placements, shape, name);
+      const Shape local = DTensor::local_shape_at(shape, *mesh, placements, mesh->coordinate());
+      ParamPtr a = make_param("a", test::random_tensor({8, 6}, DType::f32, 1));
+      a->layout = DTensor(a->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
+      ParamPtr b = make_param(name, test::random_tensor(local, DType::f32, 2));
+      b->layout = DTensor(b->data, shape, mesh, placements);
+      Muon muon{Stream(Device::cpu())};
+      muon.add_param_group({a, b});
+      seen[size_t(rank)] = test::error_of([&] { muon.enable_hsdp(comm, options); });
+      CHECK_FALSE(muon.hsdp_enabled());
+    });
+    CHECK(errors == std::vector<std::string>(4, ""));
+    for (int rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      CHECK(seen[size_t(rank)].rfind("[Muon] enable_hsdp: the ranks' setups differ (this rank: cap_bytes ", 0) == 0);
+      CHECK(
+          seen[size_t(rank)].find("; 2 params with layouts): every rank must pass the same HsdpOptions, with the same "
+                                  "params (names, groups, dtypes, logical shapes, placements): HSDP is not enabled") !=
+          std::string::npos);
+    }
+  }
+  // A replica_count that does not divide the replicas, on one rank: that rank names it, the others
+  // learn of it (they waited in the sub-groups' rendezvous).
+  auto world = std::make_shared<test::ThreadWorld>();
+  const std::vector<std::string> errors = test::run_on_thread_ranks(4, [&](int rank) {
+    auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 4);
+    auto mesh =
+        std::make_shared<DeviceMesh>(std::vector<int64_t>{4, 1}, std::vector<std::string>{"replicate", "shard"}, rank);
+    ParamPtr w = make_param("w", test::random_tensor({8, 6}, DType::f32, 1));
+    w->layout = DTensor(w->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
+    Muon muon{Stream(Device::cpu())};
+    muon.add_param_group({w});
+    HsdpOptions options;
+    if (rank == 1) options.replica_count = 3;
+    CHECK(test::error_of([&] { muon.enable_hsdp(comm, options); }) ==
+          (rank == 1 ? "[Muon] HsdpOptions::replica_count 3 must divide the 4 replicas of parameter 'w'"
+                     : "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is "
+                       "not enabled"));
+    CHECK_FALSE(muon.hsdp_enabled());
+  });
+  CHECK(errors == std::vector<std::string>(4, ""));
+}

@@ -28,11 +28,15 @@ struct CheckpointReadOptions {
   bool allow_missing_checksums = false;
 };
 
-/** Writes a safetensors file atomically: to `path`.tmp, fsync, then rename over `path`. */
+/** Writes a safetensors file atomically: to `path`.tmp, fsync, then rename over `path`. What no
+ *  load would take is a named error before anything is written: a tensor named "__metadata__",
+ *  one of more than 64 dims, one without elements whose other dims multiply past 2^32, a header
+ *  (names, shapes, metadata) past 100 MiB. */
 void save_state_dict(const StateDict& state, const std::string& path);
 
 /** Reads a safetensors file written by save_state_dict; throws a named swapopt::Error on a short,
- *  corrupt or inconsistent file, and on one whose bytes do not match its checksums. */
+ *  corrupt or inconsistent file, on one whose bytes do not match its checksums, and on a path
+ *  that is not a regular file (a FIFO is refused, not waited on). */
 StateDict load_state_dict(const std::string& path, const CheckpointReadOptions& options = {});
 
 /** The safetensors bytes of `state`. The header's `__metadata__` holds the metadata JSON as

@@ -25,11 +25,13 @@ class MeshGroups {
   const DeviceMesh& mesh() const { return *mesh_; }
   /** Every rank of the mesh. */
   Communicator& world() { return *world_; }
-  /** Ranks along `dims` (ascending mesh dims): the product of their sizes. */
+  /** Ranks along `dims` (distinct mesh dims, ascending; else a named error, as in every method
+   *  here): the product of their sizes. */
   int64_t size(const std::vector<int64_t>& dims) const;
   /** This rank's index along `dims`, row-major over them. */
   int64_t index(const std::vector<int64_t>& dims) const;
-  /** The mesh coordinate at `index` along `dims`, every other dim as this rank's. */
+  /** The mesh coordinate at `index` (in [0, size(dims)), else a named error) along `dims`, every
+   *  other dim as this rank's. */
   std::vector<int64_t> coordinate_at(const std::vector<int64_t>& dims, int64_t index) const;
   /** This rank's group along `dims`, cut into blocks of `block` consecutive indices (block divides
    *  size(dims)); its rank is the index within the block. Creating one is collective over its
@@ -37,6 +39,8 @@ class MeshGroups {
   std::shared_ptr<Communicator> group(const std::vector<int64_t>& dims, int64_t block);
 
  private:
+  /** Throws unless `dims` are distinct dims of the mesh in ascending order. */
+  void check_dims(const std::vector<int64_t>& dims) const;
   std::shared_ptr<Communicator> world_;
   std::shared_ptr<const DeviceMesh> mesh_;
   std::string name_;
