@@ -60,6 +60,7 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
       param_steps.at(size_t(muon.param_index(a.params[i]))) = step_of[i];
     }
   }
+  meta.erase("param_kept");  // a full copy: every param's state that any owner kept
   state.metadata = json::dump(meta, "the metadata");
   return state;
 }

@@ -451,8 +451,8 @@ std::string Optimizer::metadata_json() const {
   validate_options();  // no non-finite or out-of-range value reaches a checkpoint
   check_names_unchanged();
   Value groups = Value::array(), param_steps = Value::array(), param_names = Value::array(),
-        param_shards = Value::array();
-  bool sharded = false;
+        param_shards = Value::array(), param_kept = Value::array();
+  bool sharded = false, all_kept = true;
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     Value indices = Value::array();
@@ -461,6 +461,8 @@ std::string Optimizer::metadata_json() const {
       param_names.push_back(p->name);
       sharded = sharded || p->layout.has_value();
       param_shards.push_back(p->layout ? Value(p->layout->local_offset()) : Value());
+      param_kept.push_back(keeps_state(*p));
+      all_kept = all_kept && keeps_state(*p);
       const auto it = state_.find(p.get());
       param_steps.push_back(it == state_.end() ? int64_t(0) : it->second.step);
     }
@@ -474,6 +476,10 @@ std::string Optimizer::metadata_json() const {
   // Where each distributed param's shard lies in its tensor (null: not distributed), so that a
   // rank's file does not load onto another rank's shard of the same shape.
   if (sharded) meta["param_shards"] = std::move(param_shards);
+  // Which params' state this rank keeps, where it keeps only some (HSDP: their owner): a param
+  // missing here has no state in the file, which a rank that updates it must not take for "never
+  // stepped" (its momentum would restart from zero).
+  if (!all_kept) meta["param_kept"] = std::move(param_kept);
   return json::dump(meta, "the metadata");
 }
 
@@ -569,6 +575,17 @@ std::function<void()> Optimizer::prepare_load(
                                           << " of its tensor, this rank the shard at "
                                           << shape_str(p.layout->local_offset()) << " (another rank's checkpoint?)");
     }
+  }
+  if (meta.contains("param_kept")) {  // a rank's file under HSDP (a full copy has every param's state)
+    const auto& kept = json::get_array(json::member(meta, "param_kept", "metadata"), "param_kept");
+    SWAPOPT_CHECK(kept.size() == by_index.size(),
+                  "[checkpoint] param_kept lists " << kept.size() << " params, the optimizer has " << by_index.size());
+    for (size_t i = 0; i < kept.size(); ++i)
+      SWAPOPT_CHECK(!keeps_state(*by_index[i]) || json::get_bool(kept[i], "param_kept"),
+                    "[checkpoint] param " << i << " ('" << by_index[i]->name
+                                          << "') is updated by this rank, but the rank that saved the file did not "
+                                             "keep its state (another HSDP plan or rank): load a full copy made by "
+                                             "broadcast_state_to_replicas");
   }
   const auto& steps = json::get_array(json::member(meta, "param_steps", "metadata"), "param_steps");
   SWAPOPT_CHECK(steps.size() == by_index.size(),

@@ -450,3 +450,44 @@ TEST_CASE("enable_hsdp: ranks whose HsdpOptions or layouts differ are refused on
   });
   CHECK(errors == std::vector<std::string>(4, ""));
 }
+
+TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep is updated; a full copy does") {
+  // Mesh 2x1: two replicated matrices, one owned by each rank. Each rank's file holds only the
+  // momentum it owns; loaded on the other rank, the param that rank updates had restarted from
+  // zero momentum, silently.
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<StateDict> own(2), full(2);
+  const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
+    auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+    auto mesh =
+        std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, rank);
+    std::vector<ParamPtr> params;
+    for (const char* name : {"a", "b"}) {
+      ParamPtr p = make_param(name, test::random_tensor({8, 6}, DType::f32, name[0]));
+      p->layout = DTensor(p->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
+      p->grad = test::random_tensor({8, 6}, DType::f32, 10 + name[0]);
+      params.push_back(p);
+    }
+    Muon muon{Stream(Device::cpu())};
+    muon.add_param_group(params);
+    muon.enable_hsdp(comm);
+    muon.step();
+    const size_t mine = muon.state().count(params[0].get()) ? 0 : 1;
+    REQUIRE(muon.state().count(params[1 - mine].get()) == 0);
+    own[size_t(rank)] = muon.state_dict();
+    full[size_t(rank)] = broadcast_state_to_replicas(muon, muon.state_dict());
+    comm->barrier();
+    const std::string before = serialize_state_dict(muon.state_dict());
+    CHECK(test::error_of([&] { muon.load_state_dict(own[size_t(1 - rank)]); }) ==
+          "[checkpoint] param " + std::to_string(mine) + " ('" + params[mine]->name +
+              "') is updated by this rank, but the rank that saved the file did not keep its state (another HSDP "
+              "plan or rank): load a full copy made by broadcast_state_to_replicas");
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+    CHECK(full[size_t(rank)].metadata.find("param_kept") == std::string::npos);
+    muon.load_state_dict(full[size_t(1 - rank)]);  // the other rank's full copy holds this rank's momentum too
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+    muon.load_state_dict(own[size_t(rank)]);
+    CHECK(serialize_state_dict(muon.state_dict()) == before);
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+}
