@@ -80,6 +80,7 @@ Event::Event(Device device, bool enable_timing) {
   }
   ++g_events_created;
   device_ = device;
+  timing_ = enable_timing;
 }
 
 Device Event::device() const { return device_; }
@@ -96,6 +97,7 @@ void Event::synchronize() const { impl_->synchronize(); }
 
 double Event::elapsed_ms(const Event& start) const {
   SWAPOPT_CHECK(start.device() == device_, "[Event::elapsed_ms] events on " << start.device().str() << " and " << device_.str());
+  SWAPOPT_CHECK(timing_ && start.timing_, "[Event::elapsed_ms] both events must be created with enable_timing");
   return impl_->elapsed_ms_since(start.impl());
 }
 

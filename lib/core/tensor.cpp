@@ -46,6 +46,8 @@ Shape contiguous_strides(const Shape& shape) {
 namespace {
 /** Dims >= 0 whose bytes of `dtype` fit in an int64. */
 void check_shape(const Shape& shape, const char* op, DType dtype) {
+  SWAPOPT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+                "[" << op << "] unknown dtype " << int(dtype) << " (f32, bf16 or f16)");
   int64_t bytes = int64_t(dtype_size(dtype));
   for (int64_t d : shape) {
     SWAPOPT_CHECK(d >= 0, "[" << op << "] negative dim in shape " << shape_str(shape));

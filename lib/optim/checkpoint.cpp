@@ -396,6 +396,7 @@ std::string serialize_state_dict(const StateDict& state) {
 
 StateDict parse_state_dict(const void* data, size_t size, const CheckpointReadOptions& options) {
   const auto* bytes = static_cast<const unsigned char*>(data);
+  SWAPOPT_CHECK(data != nullptr || size == 0, "[checkpoint] null data of " << size << " bytes");
   SWAPOPT_CHECK(size >= 8, "[checkpoint] file of " << size << " bytes is too short for a safetensors header");
   const uint64_t header_size = read_header_size(bytes, size);
   const Header header =

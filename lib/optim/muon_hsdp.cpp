@@ -117,17 +117,19 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
       }
     SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
     // (not options.name: ranks sharing a process need names of their own)
-    options_text = "cap_bytes " + std::to_string(options.cap_bytes) + ", replica_count " +
+    options_text = std::string("cap_bytes ") + std::to_string(options.cap_bytes) + ", replica_count " +
                    (options.replica_count ? std::to_string(*options.replica_count) : "unset");
     for (size_t g = 0; g < groups_.size(); ++g)
       for (const ParamPtr& p : groups_[g].params) {
-        layouts_text += "; group " + std::to_string(g) + " '" + p->name + "' " + dtype_name(p->data.dtype());
+        // Appended piece by piece: GCC 12 warns (-Wrestrict, an error under werror) on "text" + string.
+        layouts_text.append("; group ").append(std::to_string(g)).append(" '").append(p->name).append("' ");
+        layouts_text.append(dtype_name(p->data.dtype()));
         if (!p->layout) continue;
         ++with_layout;
-        layouts_text += " " + shape_str(p->layout->logical_shape());
+        layouts_text.append(" ").append(shape_str(p->layout->logical_shape()));
         int64_t replicas = 1;
         for (const int64_t d : p->layout->replicate_dims()) replicas *= p->layout->mesh().size(d);
-        for (const Placement& placement : p->layout->placements()) layouts_text += " " + placement.str();
+        for (const Placement& placement : p->layout->placements()) layouts_text.append(" ").append(placement.str());
         // Checked here, not in the plan below: a rank refusing there would leave the others
         // waiting in the sub-groups' rendezvous.
         const int64_t block = options.replica_count ? std::min(*options.replica_count, replicas) : replicas;

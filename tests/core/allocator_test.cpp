@@ -106,9 +106,9 @@ TEST_CASE("a host allocation too large to round up is refused, not handed a tiny
   for (const size_t nbytes : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 100,
                               std::numeric_limits<size_t>::max() - (size_t(1) << 20) + 1}) {
     CAPTURE(nbytes);
-    CHECK_THROWS_WITH_AS(Storage(nbytes, Device::cpu(), allocator),
-                         ("[allocator] out of host memory allocating " + std::to_string(nbytes) + " bytes").c_str(),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        Storage(nbytes, Device::cpu(), allocator),
+        (std::string("[allocator] out of host memory allocating ") + std::to_string(nbytes) + " bytes").c_str(), Error);
   }
   CHECK(allocator.stats().allocations == before.allocations);
   CHECK(allocator.stats().current_bytes == before.current_bytes);

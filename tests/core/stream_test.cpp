@@ -189,7 +189,8 @@ TEST_CASE("a CPU stream whose last handle is dropped by its own task ends cleanl
 TEST_CASE("streams and events refuse a CPU index other than 0, and an empty function") {
   for (const int index : {1, 5, -1}) {
     const Device cpu{DeviceType::cpu, index};
-    const std::string where = "no device cpu index " + std::to_string(index) + " (the CPU is Device::cpu(), index 0)";
+    const std::string where =
+        std::string("no device cpu index ") + std::to_string(index) + " (the CPU is Device::cpu(), index 0)";
     CHECK(test::error_of([&] { Stream s(cpu); }) == "[Stream] " + where);
     CHECK(test::error_of([&] { Event e(cpu); }) == "[Event] " + where);
     CHECK(test::error_of([&] { default_stream(cpu); }) == "[default_stream] " + where);
@@ -198,4 +199,17 @@ TEST_CASE("streams and events refuse a CPU index other than 0, and an empty func
   CHECK(test::error_of([&] { s.enqueue(nullptr); }) == "[Stream::enqueue] empty function");
   CHECK(test::error_of([&] { s.enqueue(std::function<void()>()); }) == "[Stream::enqueue] empty function");
   s.synchronize();
+}
+
+TEST_CASE("elapsed_ms measures between timing events only, on the CPU as on CUDA") {
+  Stream s(Device::cpu());
+  Event plain(Device::cpu()), start(Device::cpu(), true), end(Device::cpu(), true);
+  start.record(s);
+  plain.record(s);
+  end.record(s);
+  s.synchronize();
+  CHECK(end.elapsed_ms(start) >= 0.0);
+  const std::string want = "[Event::elapsed_ms] both events must be created with enable_timing";
+  CHECK(test::error_of([&] { plain.elapsed_ms(start); }) == want);
+  CHECK(test::error_of([&] { end.elapsed_ms(plain); }) == want);
 }

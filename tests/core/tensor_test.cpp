@@ -166,3 +166,13 @@ TEST_CASE("element counts and storage offsets that do not fit are named errors")
                        "[Tensor::on_storage] view [9] at offset 8 needs 68 bytes, storage has 64", Error);
   CHECK(Tensor::on_storage(t.storage(), 16, {0}, DType::f32).numel() == 0);
 }
+
+TEST_CASE("a dtype value outside the enum is a named error, not a size of 2 bytes") {
+  const auto bad = static_cast<DType>(7);
+  float x[4] = {};
+  CHECK(test::error_of([&] { Tensor::empty({4}, bad, Device::cpu()); }) ==
+        "[Tensor::empty] unknown dtype 7 (f32, bf16 or f16)");
+  CHECK(test::error_of([&] { Tensor::from_blob(x, {4}, bad, Device::cpu()); }) ==
+        "[Tensor::from_blob] unknown dtype 7 (f32, bf16 or f16)");
+  CHECK(test::error_of([&] { parse_state_dict(nullptr, 100); }) == "[checkpoint] null data of 100 bytes");
+}

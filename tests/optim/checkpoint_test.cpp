@@ -336,8 +336,8 @@ TEST_CASE("an optimizer driven by its update pieces alone saves checkpoints that
     auto model = [&] {
       std::vector<ParamPtr> params;
       for (int i = 0; i < 6; ++i)
-        params.push_back(
-            make_param("w" + std::to_string(i), test::random_tensor({8 + i, 12}, DType::f32, 40 + uint32_t(i))));
+        params.push_back(make_param(std::string("w") + std::to_string(i),
+                                    test::random_tensor({8 + i, 12}, DType::f32, 40 + uint32_t(i))));
       return params;
     };
     std::vector<ParamPtr> a = model(), b = model();

@@ -479,7 +479,7 @@ TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep 
     comm->barrier();
     const std::string before = serialize_state_dict(muon.state_dict());
     CHECK(test::error_of([&] { muon.load_state_dict(own[size_t(1 - rank)]); }) ==
-          "[checkpoint] param " + std::to_string(mine) + " ('" + params[mine]->name +
+          std::string("[checkpoint] param ") + std::to_string(mine) + " ('" + params[mine]->name +
               "') is updated by this rank, but the rank that saved the file did not keep its state (another HSDP "
               "plan or rank): load a full copy made by broadcast_state_to_replicas");
     CHECK(serialize_state_dict(muon.state_dict()) == before);

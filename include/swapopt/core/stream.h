@@ -76,8 +76,8 @@ class Event {
   bool query() const;
   /** Blocks the host until the last recorded point has completed. */
   void synchronize() const;
-  /** Milliseconds from `start` completing to this event completing; both timing events, recorded
-   *  and complete (synchronize first). */
+  /** Milliseconds from `start` completing to this event completing; both timing events (else a
+   *  named error, on every backend), recorded and complete (synchronize first). */
   double elapsed_ms(const Event& start) const;
   /** The backend object behind the handle, for swapopt's backends (EventImpl is only declared
    *  in the public headers). */
@@ -86,6 +86,7 @@ class Event {
  private:
   std::shared_ptr<EventImpl> impl_;
   Device device_;
+  bool timing_ = false;
 };
 
 /** Counts of stream and event handles created so far, to assert that hot paths create none. */
