@@ -34,28 +34,28 @@ bool CompletionMark::done() {
 
 namespace {
 
-/** Every live CPU stream, for after_queued_work(). Never destroyed: streams outlive statics. */
+/** The queue of every CPU stream whose worker runs, for after_queued_work(). Locked before any
+ *  queue's mutex. Never destroyed: streams outlive statics. */
 std::mutex& registry_mutex() {
   static std::mutex* const mutex = new std::mutex();
   return *mutex;
 }
-std::vector<CpuStream*>& registry() {
-  static std::vector<CpuStream*>* const streams = new std::vector<CpuStream*>();
-  return *streams;
+std::vector<CpuStream::Queue*>& registry() {
+  static std::vector<CpuStream::Queue*>* const queues = new std::vector<CpuStream::Queue*>();
+  return *queues;
 }
 
 }  // namespace
 
-CpuStream::CpuStream() : worker_([queue = queue_] { run(*queue); }) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().push_back(this);
+CpuStream::CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().push_back(queue_.get());
+  }
+  worker_ = std::thread([queue = queue_] { run(*queue); });  // it leaves the registry as it ends
 }
 
 CpuStream::~CpuStream() {
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    registry().erase(std::find(registry().begin(), registry().end(), this));
-  }
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
     queue_->stopping = true;
@@ -68,32 +68,32 @@ CpuStream::~CpuStream() {
   }
 }
 
-void CpuStream::push(std::function<void()> fn, bool control) {
+void CpuStream::Queue::push(std::function<void()> fn, bool control) {
   {
-    std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->tasks.push_back({std::move(fn), control});
-    ++queue_->pending;
+    std::lock_guard<std::mutex> lock(mutex);
+    tasks.push_back({std::move(fn), control});
+    ++pending;
   }
-  queue_->work_cv.notify_one();
+  work_cv.notify_one();
 }
 
-bool CpuStream::busy() {
-  std::lock_guard<std::mutex> lock(queue_->mutex);
-  return queue_->pending > 0;
+bool CpuStream::Queue::busy() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return pending > 0;
 }
 
 void after_queued_work(std::function<void()> fn) {
   {
-    // Under the registry's lock no stream is destroyed before its task is queued.
+    // Under the registry's lock no worker ends before its task is queued.
     std::lock_guard<std::mutex> lock(registry_mutex());
-    std::vector<CpuStream*> busy;
-    for (CpuStream* stream : registry())
-      if (stream->busy()) busy.push_back(stream);
+    std::vector<CpuStream::Queue*> busy;
+    for (CpuStream::Queue* queue : registry())
+      if (queue->busy()) busy.push_back(queue);
     if (!busy.empty()) {
       auto left = std::make_shared<std::atomic<size_t>>(busy.size());
       auto shared = std::make_shared<std::function<void()>>(std::move(fn));
-      for (CpuStream* stream : busy)
-        stream->push(
+      for (CpuStream::Queue* queue : busy)
+        queue->push(
             [left, shared] {
               if (left->fetch_sub(1) == 1) (*shared)();
             },
@@ -108,8 +108,19 @@ void CpuStream::run(Queue& queue) {
   std::unique_lock<std::mutex> lock(queue.mutex);
   for (;;) {
     queue.work_cv.wait(lock, [&] { return queue.stopping || !queue.tasks.empty(); });
-    if (queue.tasks.empty()) return;  // stopping and drained
-    Task task = std::move(queue.tasks.front());
+    if (queue.tasks.empty()) {
+      // Stopping and drained: the queue leaves the registry (locked first, as everywhere), unless
+      // after_queued_work queued a task meanwhile.
+      lock.unlock();
+      std::lock_guard<std::mutex> registry_lock(registry_mutex());
+      lock.lock();
+      if (queue.tasks.empty()) {
+        registry().erase(std::find(registry().begin(), registry().end(), &queue));
+        return;
+      }
+      continue;
+    }
+    Queue::Task task = std::move(queue.tasks.front());
     queue.tasks.pop_front();
     const bool skip = queue.error && !task.control;
     lock.unlock();

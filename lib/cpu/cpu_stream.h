@@ -42,19 +42,21 @@ class CpuStream final : public StreamImpl {
   void enqueue(std::function<void()> fn) override { push(std::move(fn), false); }
   /** Control tasks (event signals and waits) run even after an earlier task failed, so no waiter
    *  is left blocked; ordinary tasks after a failure are skipped until synchronize() reports it. */
-  void push(std::function<void()> fn, bool control);
-  /** True while a task is queued or running. */
-  bool busy();
+  void push(std::function<void()> fn, bool control) { queue_->push(std::move(fn), control); }
 
- private:
-  struct Task {
-    std::function<void()> fn;
-    bool control;
-  };
   /** The tasks and the worker's state, shared with the worker thread: a task that drops the
    *  stream's last handle destroys the stream on its own worker, which then finishes this queue
-   *  and exits by itself (a thread cannot join itself). */
+   *  and exits by itself (a thread cannot join itself). The queue stays in after_queued_work's
+   *  registry until its worker has run its last task. */
   struct Queue {
+    struct Task {
+      std::function<void()> fn;
+      bool control;
+    };
+    void push(std::function<void()> fn, bool control);
+    /** True while a task is queued or running. */
+    bool busy();
+
     std::mutex mutex;
     std::condition_variable work_cv;  // worker: tasks queued or stopping
     std::condition_variable idle_cv;  // synchronize: nothing queued or running
@@ -63,6 +65,8 @@ class CpuStream final : public StreamImpl {
     bool stopping = false;
     std::exception_ptr error;
   };
+
+ private:
   static void run(Queue& queue);
 
   std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();

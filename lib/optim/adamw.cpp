@@ -105,7 +105,7 @@ void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
 void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
                                const std::map<std::string, Tensor>& staged) {
   const Param* const one[] = {&param};
-  check_update_call(group, one, "update_param_chunk");
+  check_update_call(group, one, "update_param_chunk", begin == 0);
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel(),
                 "[AdamW] chunk [" << begin << ", " << end << ") is outside '" << param.name << "' ("
                                   << param.data.numel() << " elements)");

@@ -336,6 +336,7 @@ class ReadFile {
       ::close(fd_);
       SWAPOPT_FAIL("[checkpoint] cannot read '" << path << "': not a regular file");
     }
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);  // reads block as usual (some file systems heed it)
   }
   ~ReadFile() { ::close(fd_); }
   ReadFile(const ReadFile&) = delete;

@@ -184,7 +184,7 @@ void check_operand(const Tensor& t, Device device, const std::string& what) {
 void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
                           const Tensor& out_input) {
   const Param* const one[] = {&param};
-  check_update_call(group, one, "momentum_chunk");
+  check_update_call(group, one, "momentum_chunk", begin == 0);
   check_local(one, "momentum_chunk");
   SWAPOPT_CHECK(!hooks_.momentum_update_fn, "[Muon] momentum_update_fn sees whole tensors: it cannot run in chunks");
   SWAPOPT_CHECK(0 <= begin && begin <= end && end <= param.data.numel() && out_input.numel() == end - begin,

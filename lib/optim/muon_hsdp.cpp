@@ -118,7 +118,8 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
     SWAPOPT_CHECK(first != nullptr, "[Muon] enable_hsdp: no parameter has a DTensor layout");
     // (not options.name: ranks sharing a process need names of their own)
     options_text = std::string("cap_bytes ") + std::to_string(options.cap_bytes) + ", replica_count " +
-                   (options.replica_count ? std::to_string(*options.replica_count) : "unset");
+                   (options.replica_count ? std::to_string(*options.replica_count) : "unset") +
+                   ", broadcast_buffer_bytes " + std::to_string(options.broadcast_buffer_bytes);
     for (size_t g = 0; g < groups_.size(); ++g)
       for (const ParamPtr& p : groups_[g].params) {
         // Appended piece by piece: GCC 12 warns (-Wrestrict, an error under werror) on "text" + string.
@@ -127,6 +128,7 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
         if (!p->layout) continue;
         ++with_layout;
         layouts_text.append(" ").append(shape_str(p->layout->logical_shape()));
+        layouts_text.append(" mesh ").append(shape_str(p->layout->mesh().shape()));
         int64_t replicas = 1;
         for (const int64_t d : p->layout->replicate_dims()) replicas *= p->layout->mesh().size(d);
         for (const Placement& placement : p->layout->placements()) layouts_text.append(" ").append(placement.str());

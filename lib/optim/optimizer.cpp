@@ -229,7 +229,8 @@ void Optimizer::check_group_index(size_t group, size_t groups) const {
                             (groups == 1 ? " group)" : " groups)"));
 }
 
-void Optimizer::check_update_call(size_t group, std::span<const Param* const> params, const char* call) const {
+void Optimizer::check_update_call(size_t group, std::span<const Param* const> params, const char* call,
+                                  bool counts_step) const {
   SWAPOPT_CHECK(!wrapped_ || in_swapped_step_,
                 "[" << name_ << "] " << call
                     << "() on an optimizer wrapped by a SwapOptimizer, outside its step: the "
@@ -246,6 +247,7 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[" << name_ << "] " << call << ": parameter '" << p->name << "' has no grad");
     check_param_with_grad(*p, records_[size_t(param_indices_.at(p))]);
+    if (!counts_step) continue;
     const auto state = state_.find(p);
     SWAPOPT_CHECK(state == state_.end() || state->second.step < std::numeric_limits<int64_t>::max() - 1,
                   "[" << name_ << "] " << call << ": parameter '" << p->name << "' has taken " << state->second.step

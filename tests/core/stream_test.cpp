@@ -178,6 +178,32 @@ TEST_CASE("a CPU stream whose last handle is dropped by its own task ends cleanl
     owner_gone.set_value();
     while (!ran) std::this_thread::yield();
   }
+  // Work queued after the task that dropped the last handle still counts as queued: a storage
+  // released now gives its bytes back only once that work has run (it may read them).
+  {
+    std::promise<void> owner_gone, second_may_end;
+    std::shared_future<void> gate = owner_gone.get_future().share(), end = second_may_end.get_future().share();
+    std::atomic<bool> second_started{false};
+    {
+      Stream s(Device::cpu());
+      s.enqueue([s, gate] { gate.wait(); });
+      s.enqueue([end, &second_started] {
+        second_started = true;  // the first task, and the stream with it, are gone
+        end.wait();
+      });
+    }
+    owner_gone.set_value();
+    while (!second_started) std::this_thread::yield();
+    Allocator& allocator = device_allocator(Device::cpu());
+    Tensor bytes = Tensor::zeros({1024}, DType::f32, Device::cpu());
+    const uint64_t frees = allocator.stats().frees;
+    bytes.storage()->release();
+    CHECK(allocator.stats().frees == frees);  // not yet: the detached worker still runs a task
+    second_may_end.set_value();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (allocator.stats().frees == frees && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    CHECK(allocator.stats().frees == frees + 1);
+  }
   // The worker finishes on its own; a stream made now works as any other.
   Stream s(Device::cpu());
   std::atomic<int> n{0};

@@ -379,6 +379,10 @@ TEST_CASE("enable_hsdp: ranks whose HsdpOptions or layouts differ are refused on
   };
   const std::vector<Case> cases = {
       {"cap_bytes", [](int rank, HsdpOptions& o, auto&, auto&, auto&) { o.cap_bytes = rank == 1 ? 1 : o.cap_bytes; }},
+      {"broadcast_buffer_bytes",
+       [](int rank, HsdpOptions& o, auto&, auto&, auto&) {
+         if (rank == 1) o.broadcast_buffer_bytes = 4096;
+       }},
       {"replica_count",
        [](int rank, HsdpOptions& o, auto&, auto&, auto&) {
          if (rank == 1) o.replica_count = 1;

@@ -147,9 +147,10 @@ class Muon : public Optimizer {
    *  already, or a replica_count that does not divide a param's replicas: turn HSDP on before the
    *  first step, and load checkpoints after it. The ranks agree on those checks first (one
    *  all-reduce): when one rank refuses, every rank throws, the others naming "another rank", and
-   *  none enables HSDP. The same all-reduce compares a digest of `options` (but its name) and of every param's
-   *  name, group, dtype, logical shape and placements: ranks that differ there (their plans would)
-   *  all throw "[Muon] enable_hsdp: the ranks' setups differ (this rank: ...)". */
+   *  none enables HSDP. The same all-reduce compares a digest of `options` (but its name) and of
+   *  every param's name, group, dtype, logical shape, mesh shape and placements: ranks that
+   *  differ there (their plans would) all throw "[Muon] enable_hsdp: the ranks' setups differ
+   *  (this rank: ...)". */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
   /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }

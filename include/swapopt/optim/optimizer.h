@@ -283,10 +283,12 @@ class Optimizer {
   /** For the public update pieces that change state (Muon's momentum, AdamW's update): refused on
    *  a wrapped optimizer (its state lives in the wrapper's host mirrors), then the options as a
    *  step checks them (validate_options()), check_in_group(), each param listed once, and every
-   *  param's data and grad as a step checks them, and that each param's step can be counted once
-   *  more (below INT64_MAX - 1, as a checkpoint load takes), so that bad input throws before
-   *  anything changes. */
-  void check_update_call(size_t group, std::span<const Param* const> params, const char* call) const;
+   *  param's data and grad as a step checks them, and, with `counts_step` (all but a chunk past
+   *  the first, whose update counted already), that each param's step can be counted once more
+   *  (below INT64_MAX - 1, as a checkpoint load takes), so that bad input throws before anything
+   *  changes. */
+  void check_update_call(size_t group, std::span<const Param* const> params, const char* call,
+                         bool counts_step = true) const;
   /** Counts one update of a param of group `group` whose state is `state`: its step += 1, and the
    *  group's step raised to at least that, so that no param has more steps than its group (as a
    *  checkpoint load requires) also when the update pieces are called outside step(). */
