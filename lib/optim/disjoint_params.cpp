@@ -7,16 +7,11 @@ namespace swapopt {
 
 namespace {
 
-/** The bytes of one param's `field` tensor (contiguous: one range). */
-struct FieldBytes {
-  uintptr_t begin, end;
-  const Param* param;
-};
-
-/** The first two of `params` whose `field` tensors overlap, or {null, null}. Of two starting at
- *  one address, the one listed first is first. */
-std::pair<const Param*, const Param*> first_overlap(const std::vector<const Param*>& params, Tensor Param::*field) {
-  std::vector<FieldBytes> spans;
+/** The bytes of `params`' `field` tensors (contiguous: one range each), sorted by address, and the
+ *  first two that overlap, or {null, null}. Of two starting at one address, the one listed first
+ *  is first. Tensors without memory (undefined, empty or released) are left out. */
+std::pair<const Param*, const Param*> field_bytes_overlap(const std::vector<const Param*>& params, Tensor Param::*field,
+                                                          std::vector<detail::ParamBytes>& spans) {
   for (const Param* p : params) {
     const Tensor& t = p->*field;
     if (!t.defined() || t.nbytes() == 0 || t.is_released()) continue;  // no memory to share
@@ -30,18 +25,17 @@ std::pair<const Param*, const Param*> first_overlap(const std::vector<const Para
 
 }  // namespace
 
-void fail_params_share_memory(const Param& a, const Param& b, const std::string& who) {
-  SWAPOPT_FAIL("[" << who << "] parameters '" << a.name << "' and '" << b.name
-                   << "' share memory (an update of one would change the other)");
-}
-
-void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who) {
-  const auto [a, b] = first_overlap(params, &Param::data);
-  if (a != nullptr) fail_params_share_memory(*a, *b, who);
+std::vector<detail::ParamBytes> sorted_disjoint_data(const std::vector<const Param*>& params, const std::string& who) {
+  std::vector<detail::ParamBytes> spans;
+  const auto [a, b] = field_bytes_overlap(params, &Param::data, spans);
+  SWAPOPT_CHECK(a == nullptr, "[" << who << "] parameters '" << a->name << "' and '" << b->name
+                                  << "' share memory (an update of one would change the other)");
+  return spans;
 }
 
 void check_disjoint_grads(const std::vector<const Param*>& params, const std::string& who) {
-  const auto [a, b] = first_overlap(params, &Param::grad);
+  std::vector<detail::ParamBytes> spans;
+  const auto [a, b] = field_bytes_overlap(params, &Param::grad, spans);
   SWAPOPT_CHECK(a == nullptr, "[" << who << "] the grads of '" << a->name << "' and '" << b->name
                                   << "' share memory (they would be counted and scaled twice)");
 }

@@ -9,13 +9,16 @@
 
 namespace swapopt {
 
-/** Throws "[who] parameters 'a' and 'b' share memory (...)" if two of `params` overlap: each
- *  param's update writes its memory, so two over the same bytes would be updated twice (and, in
- *  one fused op, at once). Params without memory (empty or released) share nothing. */
-void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who);
+/** The bytes of `params`' data, sorted by address and pairwise apart; params without memory (empty
+ *  or released) are left out. Throws "[who] parameters 'a' and 'b' share memory (...)" if two
+ *  overlap: each param's update writes its memory, so two over the same bytes would be updated
+ *  twice (and, in one fused op, at once). */
+std::vector<detail::ParamBytes> sorted_disjoint_data(const std::vector<const Param*>& params, const std::string& who);
 
-/** Throws check_disjoint_params' error for params `a` and `b` (for a check that found them itself). */
-[[noreturn]] void fail_params_share_memory(const Param& a, const Param& b, const std::string& who);
+/** Throws sorted_disjoint_data's error if two of `params` share memory. */
+inline void check_disjoint_params(const std::vector<const Param*>& params, const std::string& who) {
+  (void)sorted_disjoint_data(params, who);
+}
 
 /** Throws "[who] the grads of 'a' and 'b' share memory (...)" if two of `params`' grads overlap
  *  (contiguous grads; undefined, empty or released ones share nothing). */

@@ -362,16 +362,8 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
   }
   if (!moved) return;
   const auto [params, who] = params_of(optimizers);
-  std::vector<DataRange> sorted;
-  for (const Param* p : params)
-    if (p->data.defined() && p->data.nbytes() > 0 && !p->data.is_released()) {  // else no memory to share
-      const auto begin = reinterpret_cast<uintptr_t>(p->data.data_ptr());
-      sorted.push_back({begin, begin + p->data.nbytes(), p});
-    }
-  if (const auto [a, b] = sort_and_find_overlap(sorted); a != nullptr)
-    fail_params_share_memory(*a->param, *b->param, who);
   // Kept for the grads' check, which runs every step (grads are new tensors at any step).
-  optimizers.front()->sorted_data_ = std::move(sorted);
+  optimizers.front()->sorted_data_ = sorted_disjoint_data(params, who);
   for (Optimizer* o : optimizers) {
     o->disjoint_scope_ = scope;
     for (ParamRecord& r : o->records_) {
@@ -383,7 +375,7 @@ void Optimizer::check_moved_params_disjoint(std::span<Optimizer* const> optimize
 
 void Optimizer::check_grads_apart_from_data(std::span<Optimizer* const> optimizers) {
   // The data ranges are apart (checked) and sorted: a binary search per grad.
-  const std::vector<DataRange>& data = optimizers.front()->sorted_data_;
+  const std::vector<detail::ParamBytes>& data = optimizers.front()->sorted_data_;
   for (const Optimizer* o : optimizers)
     for (const ParamRecord& r : o->records_) {
       const Tensor& g = r.param->grad;

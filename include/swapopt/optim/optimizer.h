@@ -359,14 +359,9 @@ class Optimizer {
    *  writes params while it reads grads): a binary search per grad in the first one's
    *  sorted_data_, which check_moved_params_disjoint keeps. */
   static void check_grads_apart_from_data(std::span<Optimizer* const> optimizers);
-  /** A param's data bytes [begin, end). */
-  struct DataRange {
-    uintptr_t begin = 0, end = 0;
-    const Param* param = nullptr;
-  };
   /** The data of the params of disjoint_scope_ (when this optimizer is its first), sorted by
    *  address: made again whenever the params are checked for sharing memory. */
-  std::vector<DataRange> sorted_data_;
+  std::vector<detail::ParamBytes> sorted_data_;
   /** What the optimizer knows of each param, by param_index(). */
   struct ParamRecord {
     const Param* param;

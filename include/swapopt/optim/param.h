@@ -1,6 +1,7 @@
 #pragma once
 /** A trainable parameter as the optimizers see it: its values, its gradient, its layout. */
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,5 +42,14 @@ inline ParamPtr make_param(std::string name, Tensor data) {
   p->data = std::move(data);
   return p;
 }
+
+namespace detail {
+/** The bytes [begin, end) of one of a param's tensors (internal: the optimizers keep their params'
+ *  data sorted by address for the step's memory-sharing checks). */
+struct ParamBytes {
+  uintptr_t begin = 0, end = 0;
+  const Param* param = nullptr;
+};
+}  // namespace detail
 
 }  // namespace swapopt
