@@ -65,6 +65,23 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int64_t kMaxDims = 64;
 constexpr uint64_t kMaxEmptyExtent = uint64_t(1) << 32;  // the product of an empty tensor's nonzero dims
 
+/** The bounds on the shape of the tensor `what` ("tensor 'name'") that the save and the load both
+ *  check: at most kMaxDims dims, none negative, and in an empty tensor (a dim of 0, no bytes) the
+ *  other dims, which its strides multiply, at most kMaxEmptyExtent together. */
+void check_header_shape(const std::string& what, const Shape& shape) {
+  SWAPOPT_CHECK(int64_t(shape.size()) <= kMaxDims,
+                "[checkpoint] " << what << " has " << shape.size() << " dims: a checkpoint holds at most " << kMaxDims);
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  uint64_t extent = 1;
+  for (const int64_t dim : shape) {
+    SWAPOPT_CHECK(dim >= 0, "[checkpoint] " << what << " has negative dim " << dim);
+    SWAPOPT_CHECK(!empty || uint64_t(dim) <= kMaxEmptyExtent / extent,
+                  "[checkpoint] " << what << " has no elements but dims " << shape_str(shape) << " beyond "
+                                  << kMaxEmptyExtent << " together");
+    if (dim > 0) extent *= uint64_t(dim);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -90,17 +107,7 @@ std::string header_bytes(const std::string& metadata, const std::vector<HeaderTe
     const std::string& name = *t.name;
     SWAPOPT_CHECK(name != "__metadata__",
                   "[checkpoint] a tensor cannot be named '__metadata__': the format keeps that name for the metadata");
-    SWAPOPT_CHECK(int64_t(t.shape->size()) <= kMaxDims, "[checkpoint] tensor '" << name << "' has " << t.shape->size()
-                                                                                << " dims: a checkpoint holds at most "
-                                                                                << kMaxDims);
-    if (std::find(t.shape->begin(), t.shape->end(), 0) != t.shape->end()) {
-      uint64_t extent = 1;
-      for (const int64_t dim : *t.shape)
-        if (dim > 0) extent = uint64_t(dim) > kMaxEmptyExtent / extent ? kMaxEmptyExtent + 1 : extent * uint64_t(dim);
-      SWAPOPT_CHECK(extent <= kMaxEmptyExtent, "[checkpoint] tensor '" << name << "' has no elements but dims "
-                                                                       << shape_str(*t.shape) << " beyond "
-                                                                       << kMaxEmptyExtent << " together");
-    }
+    check_header_shape("tensor '" + name + "'", *t.shape);
     header[*t.name] = Value::object({{"dtype", safetensors_dtype(t.dtype)},
                                      {"shape", *t.shape},
                                      {"data_offsets", Value::array({offset, offset + t.nbytes})}});
@@ -181,22 +188,16 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const std::string what = "tensor '" + name + "'";
     const DType dtype = dtype_from_safetensors(json::get_string(json::member(entry, "dtype", what), what + " dtype"), name);
     const auto& dims = json::get_array(json::member(entry, "shape", what), what + " shape");
-    SWAPOPT_CHECK(int64_t(dims.size()) <= kMaxDims, "[checkpoint] " << what << " has " << dims.size() << " dims");
     Shape shape;
     for (const json::Value& d : dims) shape.push_back(json::get_int(d, what + " shape"));
-    // A dim is at most the data bytes; in an empty tensor (a dim of 0, no bytes) the other dims,
-    // which its strides multiply, at most kMaxEmptyExtent together.
+    check_header_shape(what, shape);
+    // A non-empty tensor's dims are each at most the data bytes.
     const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
-    uint64_t numel = 1, extent = 1;
+    uint64_t numel = 1;
     for (const int64_t dim : shape) {
-      SWAPOPT_CHECK(dim >= 0, "[checkpoint] " << what << " has negative dim " << dim);
-      SWAPOPT_CHECK(!empty || uint64_t(dim) <= kMaxEmptyExtent / extent,
-                    "[checkpoint] " << what << " has no elements but dims " << shape_str(shape) << " beyond "
-                                    << kMaxEmptyExtent << " together");
       SWAPOPT_CHECK(empty || dim <= int64_t(data_size),
                     "[checkpoint] " << what << " has dim " << dim << ", more than the " << data_size
                                     << " data bytes of the file (is it cut short?)");
-      if (dim > 0) extent *= uint64_t(dim);
       numel = dim == 0 ? 0 : (numel > data_size / uint64_t(dim) ? data_size + 1 : numel * uint64_t(dim));
     }
     if (empty) numel = 0;

@@ -449,6 +449,27 @@ TEST_CASE("a state dict no load would take is refused by the save, which writes 
     std::remove(path.c_str());
   }
 
+  // What the save refuses, a load refuses in the same words (a header another tool wrote).
+  const auto file_of_shape = [](const std::string& shape) {
+    const std::string header = "{\"t\":{\"dtype\":\"F32\",\"shape\":" + shape +
+                               ",\"data_offsets\":[0,0]},\"__metadata__\":{\"swapopt\":\"{}\"}}";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+    return file + header;
+  };
+  std::string ones = "[1";
+  for (int i = 1; i < 65; ++i) ones += ",1";
+  CheckpointReadOptions trust;
+  trust.allow_missing_checksums = true;
+  for (const auto& [shape, want] :
+       std::vector<std::pair<std::string, std::string>>{{ones + "]", cases[2].want},
+                                                        {"[0,8589934592]", cases[3].want},
+                                                        {"[0,-1]", "[checkpoint] tensor 't' has negative dim -1"}}) {
+    CAPTURE(shape);
+    const std::string file = file_of_shape(shape);
+    CHECK(test::error_of([&] { parse_state_dict(file.data(), file.size(), trust); }) == want);
+  }
+
   // Opening a FIFO waited for a writer; it is refused at once.
   REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
   CHECK(test::error_of([&] { load_state_dict(path); }) ==
