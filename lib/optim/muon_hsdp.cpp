@@ -34,6 +34,20 @@ uint64_t fnv1a_64(const std::string& text) {
   return hash;
 }
 
+/** A setup every rank must share, voted on in a sum over the ranks: the 64 bits of its text's
+ *  digest go after `votes`, one value each, so that every rank sends as many values. */
+void push_digest_bits(std::vector<float>& votes, const std::string& setup) {
+  const uint64_t digest = fnv1a_64(setup);
+  for (int bit = 0; bit < 64; ++bit) votes.push_back(float((digest >> bit) & 1));
+}
+
+/** Whether the 64 digest bits from `at` of `sums` (push_digest_bits' votes summed over `ranks`
+ *  ranks) agree: each bit is set on no rank or on all (exact in f32). */
+bool digests_agree(const std::vector<float>& sums, size_t at, int ranks) {
+  const auto bits = sums.begin() + std::ptrdiff_t(at);
+  return std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(ranks); });
+}
+
 }  // namespace
 
 void Muon::check_local(std::span<const Param* const> params, const char* call) const {
@@ -143,20 +157,18 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
     refused = std::current_exception();
   }
   std::vector<float> votes = {refused ? 1.f : 0.f};
-  const uint64_t digest = fnv1a_64(options_text + layouts_text);
-  for (int bit = 0; bit < 64; ++bit) votes.push_back(float((digest >> bit) & 1));
+  push_digest_bits(votes, options_text + layouts_text);
   if (world->size() > 1) votes = sum_over_ranks(*world, device(), votes);
   if (refused) std::rethrow_exception(refused);
   SWAPOPT_CHECK(
       votes[0] == 0.f,
       "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is not enabled");
   // Every rank sees the same sums: a bit set on some ranks but not all is a difference.
-  SWAPOPT_CHECK(
-      std::all_of(votes.begin() + 1, votes.end(), [&](float n) { return n == 0.f || n == float(world->size()); }),
-      "[Muon] enable_hsdp: the ranks' setups differ (this rank: "
-          << options_text << "; " << with_layout
-          << " params with layouts): every rank must pass the same HsdpOptions, with the same params "
-             "(names, groups, dtypes, logical shapes, placements): HSDP is not enabled");
+  SWAPOPT_CHECK(digests_agree(votes, 1, world->size()),
+                "[Muon] enable_hsdp: the ranks' setups differ (this rank: "
+                    << options_text << "; " << with_layout
+                    << " params with layouts): every rank must pass the same HsdpOptions, with the same params "
+                       "(names, groups, dtypes, logical shapes, placements): HSDP is not enabled");
   const int instance = hsdp_instances++;  // counted whether named or not, so ranks stay in step
   auto mesh_groups = std::make_unique<MeshGroups>(world, first->layout->mesh_ptr(),
                                                   options.name.empty() ? "hsdp" + std::to_string(instance) : options.name);
@@ -278,15 +290,13 @@ void Muon::agree_on_checks(std::exception_ptr local_failure, bool skips_nonfinit
       counts.push_back(p->has_grad() ? 1.f : 0.f);
     }
   const size_t digest_at = counts.size();
-  const uint64_t digest = fnv1a_64(setup);
-  for (int bit = 0; bit < 64; ++bit) counts.push_back(float((digest >> bit) & 1));
+  push_digest_bits(counts, setup);
   counts = sum_over_step_ranks(std::move(counts));
   if (local_failure) std::rethrow_exception(local_failure);
   SWAPOPT_CHECK(counts[0] == 0.f, "[Muon] the step's checks failed on " << counts[0] << " of " << world.size()
                                                                         << " ranks (their errors say why): the step "
                                                                            "changed nothing");
-  const auto bits = counts.begin() + std::ptrdiff_t(digest_at);
-  SWAPOPT_CHECK(std::all_of(bits, bits + 64, [&](float n) { return n == 0.f || n == float(world.size()); }),
+  SWAPOPT_CHECK(digests_agree(counts, digest_at, world.size()),
                 "[Muon] the ranks' settings, param groups, options or step counts differ (this rank: "
                     << setup << "): every HSDP rank must step the same groups with the same options and settings");
   for (size_t i = 0; i < params.size(); ++i)
