@@ -1,6 +1,6 @@
 #include "swapopt/optim/hsdp_checkpoint.h"
 
-#include <algorithm>
+#include <exception>
 
 #include "json.h"
 #include "swapopt/core/error.h"
@@ -20,7 +20,41 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
   SWAPOPT_CHECK(muon.hsdp_enabled(), "[Muon] broadcast_state_to_replicas needs HSDP (call enable_hsdp)");
   const Device device = muon.device();  // where the communicators move data
   const std::string key = "momentum_buffer";
-  json::Value meta = json::parse(state.metadata);
+  // Checked on every rank, then voted on before the first broadcast: a rank throwing alone among
+  // the collectives would leave its replicas waiting in them.
+  json::Value meta;
+  std::exception_ptr refused;
+  try {
+    meta = json::parse(state.metadata);
+    size_t params = 0;
+    for (const ParamGroup& g : muon.param_groups()) params += g.params.size();
+    const auto& steps = json::get_array(json::member(meta, "param_steps", "metadata"), "param_steps");
+    SWAPOPT_CHECK(steps.size() == params, "[Muon] broadcast_state_to_replicas: the state has "
+                                              << steps.size() << " param steps for " << params << " params");
+    for (const json::Value& recorded : steps) {
+      const int64_t step = json::get_int(recorded, "param_steps");
+      SWAPOPT_CHECK(step >= 0, "[Muon] broadcast_state_to_replicas: negative param step " << step);
+    }
+    for (const HsdpAssignment& a : muon.hsdp_schedule())
+      for (size_t i = 0; i < a.params.size(); ++i) {
+        const auto it = state.tensors.find(muon.state_name(a.params[i], key));
+        if (!a.replicas || a.owners[i] != a.local_coordinate || it == state.tensors.end()) continue;
+        const Param& p = *a.params[i];
+        const Tensor& t = it->second;
+        SWAPOPT_CHECK(
+            t.defined() && !t.is_released() && t.shape() == p.data.shape() && t.dtype() == muon.state_dtype(key, p),
+            "[Muon] broadcast_state_to_replicas: '" << it->first << "' is " << t.str() << ", '" << p.name << "' needs "
+                                                    << dtype_name(muon.state_dtype(key, p)) << " "
+                                                    << shape_str(p.data.shape()));
+      }
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  const float failed = muon.sum_over_step_ranks({refused ? 1.f : 0.f})[0];
+  if (refused) std::rethrow_exception(refused);
+  SWAPOPT_CHECK(failed == 0.f,
+                "[Muon] broadcast_state_to_replicas failed its checks on another rank (that rank's error says why): "
+                "nothing was broadcast");
   json::Value& param_steps = meta.at("param_steps");
   for (const HsdpAssignment& a : muon.hsdp_schedule()) {
     if (!a.replicas) continue;
@@ -32,9 +66,8 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
       // An owner sends nothing for a tensor missing from `state` (no rank throws alone inside
       // collectives): its own copy then fails to load, naming the param.
       if (a.owners[i] != a.local_coordinate || state.tensors.count(names[i]) == 0) continue;
-      // The step `state`'s metadata records (state_dict() wrote it); read without throwing here.
-      const json::Value& recorded = param_steps.at(size_t(muon.param_index(a.params[i])));
-      const int64_t step = recorded.is_number_integer() ? std::max<int64_t>(0, recorded.get<int64_t>()) : 0;
+      // The step `state`'s metadata records (checked above).
+      const int64_t step = param_steps.at(size_t(muon.param_index(a.params[i]))).get<int64_t>();
       for (int k = 0; k < kParts; ++k) steps[kParts * i + k] = float((step >> (kPartBits * k)) & kPartMask);
     }
     Tensor flags = Tensor::from_floats(steps, {int64_t(kParts * n)}).to(device);

@@ -495,3 +495,65 @@ TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep 
   });
   CHECK(errors == std::vector<std::string>{"", ""});
 }
+
+TEST_CASE("broadcast_state_to_replicas refuses a bad state on every rank before it broadcasts anything") {
+  // Mesh 2x1, two replicated matrices owned one by each rank. Rank 1 passes a state dict that is
+  // wrong in one way; it used to throw alone (or broadcast a tensor of the wrong size) and leave
+  // rank 0 waiting in a collective until the timeout.
+  struct Case {
+    const char* what;
+    std::function<void(StateDict&, const std::string& owned)> spoil;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"no param_steps",
+       [](StateDict& s, const std::string&) {
+         const size_t at = s.metadata.find("\"param_steps\"");
+         REQUIRE(at != std::string::npos);
+         s.metadata.replace(at, 13, "\"param_stops\"");
+       },
+       "has no 'param_steps'"},
+      {"metadata not JSON", [](StateDict& s, const std::string&) { s.metadata = "{"; }, ""},
+      {"a momentum of the wrong shape",
+       [](StateDict& s, const std::string& owned) {
+         s.tensors[owned] = Tensor::zeros({6, 8}, DType::f32, Device::cpu());
+       },
+       "' is Tensor(f32, [6, 8], cpu), 'b' needs f32 [8, 6]"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    auto world = std::make_shared<test::ThreadWorld>();
+    const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
+      auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+      auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
+                                               std::vector<std::string>{"replicate", "shard"}, rank);
+      std::vector<ParamPtr> params;
+      for (const char* name : {"a", "b"}) {
+        ParamPtr p = make_param(name, test::random_tensor({8, 6}, DType::f32, name[0]));
+        p->layout = DTensor(p->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
+        p->grad = test::random_tensor({8, 6}, DType::f32, 10 + name[0]);
+        params.push_back(p);
+      }
+      Muon muon{Stream(Device::cpu())};
+      muon.add_param_group(params);
+      muon.enable_hsdp(comm);
+      muon.step();
+      StateDict state = muon.state_dict();
+      const size_t mine = muon.state().count(params[0].get()) ? 0 : 1;
+      if (rank == 1) c.spoil(state, muon.state_name(params[mine].get(), "momentum_buffer"));
+      const std::string error = test::error_of([&] { broadcast_state_to_replicas(muon, state); });
+      if (rank == 0) {
+        CHECK(error ==
+              "[Muon] broadcast_state_to_replicas failed its checks on another rank (that rank's error says why): "
+              "nothing was broadcast");
+      } else {
+        CAPTURE(error);
+        CHECK(error.rfind("[", 0) == 0);
+        CHECK(error.find(c.want) != std::string::npos);
+      }
+      // Both ranks go on: a good state broadcasts.
+      CHECK(broadcast_state_to_replicas(muon, muon.state_dict()).metadata.find("param_kept") == std::string::npos);
+    });
+    CHECK(errors == std::vector<std::string>{"", ""});
+  }
+}
