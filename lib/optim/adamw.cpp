@@ -45,7 +45,7 @@ std::vector<std::string> keys_for(const AdamWOptions& o) {
 }
 }  // namespace
 
-std::vector<std::string> AdamW::group_state_keys(size_t group) const { return keys_for(options_.at(group)); }
+std::vector<std::string> AdamW::group_state_keys(size_t group) const { return keys_for(group_entry(options_, group)); }
 
 namespace {
 /** The step's host scalars for a param at `step` (this step included): f64, as torch computes
@@ -80,7 +80,7 @@ void AdamW::update_params(size_t group, std::span<Param* const> params) {
 }
 
 void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
-  const AdamWOptions& o = options_.at(group);
+  const AdamWOptions& o = group_entry(options_, group);
   std::vector<ops::AdamWUpdate> updates;
   std::vector<ParamState*> states;  // map entries stay where they are as others are added
   updates.reserve(params.size());
@@ -126,7 +126,7 @@ void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_
 
 void AdamW::apply_update_chunk(size_t group, Param& param, int64_t begin, int64_t end,
                                const std::map<std::string, Tensor>& staged) {
-  const AdamWOptions& o = options_.at(group);
+  const AdamWOptions& o = group_entry(options_, group);
   const auto chunk_of = [&](const std::string& key) {
     const auto it = staged.find(key);
     if (it != staged.end()) return it->second;
@@ -187,7 +187,7 @@ void AdamW::run_step() {
 }
 
 std::string AdamW::group_options_json(size_t group) const {
-  const AdamWOptions& o = options_.at(group);
+  const AdamWOptions& o = group_entry(options_, group);
   return json::Value::object({{"lr", o.lr},
                               {"beta1", o.beta1},
                               {"beta2", o.beta2},

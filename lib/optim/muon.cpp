@@ -77,12 +77,12 @@ void Muon::add_param_group(std::vector<ParamPtr> params, MuonOptions options) {
 DType Muon::state_dtype(const std::string&, const Param& param) const { return param.data.dtype(); }
 
 DType Muon::ns_dtype(size_t group) const {
-  return options_.at(group).ns_dtype.value_or(device().is_cuda() ? DType::bf16 : DType::f32);
+  return group_entry(options_, group).ns_dtype.value_or(device().is_cuda() ? DType::bf16 : DType::f32);
 }
 
 std::vector<Param*> Muon::params_with_grad(size_t group) const {
   std::vector<Param*> out;
-  for (const ParamPtr& p : groups_.at(group).params)
+  for (const ParamPtr& p : group_entry(groups_, group).params)
     if (p->has_grad()) out.push_back(p.get());
   return out;
 }
@@ -105,7 +105,7 @@ std::vector<std::vector<Param*>> Muon::group_by_shape(const std::vector<Param*>&
 
 std::vector<std::vector<Param*>> Muon::split_into_memory_safe_batches(size_t group, const std::vector<Param*>& params,
                                                                         int64_t shard_size) const {
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   SWAPOPT_CHECK(shard_size >= 1, "[Muon] shard_size must be >= 1, got " << shard_size);
   const int64_t cap = std::max<int64_t>(1, o.max_batch_elements / shard_size);
   std::vector<std::vector<Param*>> batches;
@@ -205,7 +205,7 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
 
 void Muon::chunk_momentum(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
                           const Tensor& out_input) {
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
   if (begin == 0) count_update(group, state_[&param]);  // once per update, at its first chunk (as momentum_into counts)
   const Tensor buffer = staged_buffer.defined() ? staged_buffer : range_of(state_tensor(param, "momentum_buffer"));
@@ -228,7 +228,7 @@ void Muon::fill_momentum(size_t group, const std::vector<Param*>& params, const 
     SWAPOPT_CHECK(out_inputs[i].numel() == params[i]->data.numel(),
                   "[Muon] momentum_into: output " << i << " is " << out_inputs[i].str() << ", '" << params[i]->name
                                                   << "' has " << params[i]->data.numel() << " elements");
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
     SWAPOPT_CHECK(p->grad.shape() == p->data.shape(),
@@ -289,7 +289,7 @@ int64_t Muon::workspace_bytes(size_t group, const std::vector<Param*>& params) c
 }
 
 void Muon::orthogonalize(size_t group, const Tensor& x) {
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   if (hooks_.zeropower_fn) {
     hooks_.zeropower_fn(stream_, x, o.ns_steps);
   } else {
@@ -308,7 +308,7 @@ double update_multiplier(const MuonOptions& o, const CoreShape& logical) {
 }  // namespace
 
 void Muon::apply_update(size_t group, Param& param, const Tensor& update, const CoreShape& logical) {
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   const float decay = float(1.0 - o.lr * o.weight_decay);
   const float alpha = float(update_multiplier(o, logical));
   if (o.apply_lr_in_update) {
@@ -342,7 +342,7 @@ void Muon::orthogonalize_and_apply(size_t group, const std::vector<Param*>& para
 
 void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
   if (!hooks_.post_update_fn) return;
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   for (Param* p : params)
     hooks_.post_update_fn(stream_, *p, p->data, {p->name, p->logical_shape(), o.lr, o.weight_decay, groups_[group].step});
 }
@@ -432,7 +432,7 @@ void Muon::run_step() {
 
 std::string Muon::group_options_json(size_t group) const {
   using json::Value;
-  const MuonOptions& o = options_.at(group);
+  const MuonOptions& o = group_entry(options_, group);
   Value coefficients = Value::array();
   for (const NsCoefficients& c : o.ns_coefficients) coefficients.push_back(Value::array({c[0], c[1], c[2]}));
   return Value::object({{"lr", o.lr},

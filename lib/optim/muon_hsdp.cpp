@@ -60,7 +60,7 @@ void Muon::check_local(std::span<const Param* const> params, const char* call) c
 
 std::vector<Param*> Muon::local_params(size_t group) const {
   std::vector<Param*> out;
-  for (const ParamPtr& p : groups_.at(group).params) {
+  for (const ParamPtr& p : group_entry(groups_, group).params) {
     if (hsdp_enabled() && p->layout) continue;
     check_not_shard(*p);
     out.push_back(p.get());

@@ -1684,6 +1684,15 @@ TEST_SUITE("bad input") {
     CHECK_THROWS_WITH_AS(opt.muon().mutable_options(1), "[Muon] no group 1 (1 group)", std::out_of_range);
     CHECK_THROWS_WITH_AS(opt.muon().lr(1), "[Muon] no group 1 (1 group)", std::out_of_range);
     CHECK(opt.muon().lr(0) == opt.muon().options(0).lr);
+    // The public pieces that take a group index say the same.
+    Muon& muon = opt.muon();
+    CHECK_THROWS_WITH_AS(muon.ns_dtype(3), "[Muon] no group 3 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(muon.params_with_grad(1), "[Muon] no group 1 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(muon.local_params(1), "[Muon] no group 1 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(muon.split_into_memory_safe_batches(1, {}, 1), "[Muon] no group 1 (1 group)",
+                         std::out_of_range);
+    CHECK_THROWS_WITH_AS(muon.workspace_bytes(1, {}), "[Muon] no group 1 (1 group)", std::out_of_range);
+    CHECK_THROWS_WITH_AS(opt.adamw().group_state_keys(2), "[AdamW] no group 2 (2 groups)", std::out_of_range);
   }
 
   TEST_CASE("run_step takes the latest plan once: an older plan, a plan run already or a default one change nothing") {
