@@ -455,6 +455,31 @@ TEST_CASE("enable_hsdp: ranks whose HsdpOptions or layouts differ are refused on
   CHECK(errors == std::vector<std::string>(4, ""));
 }
 
+/** One thread rank of a 2x1 mesh with two replicated matrices "a" and "b", each owned by one
+ *  rank, after one HSDP Muon step; `mine` is the index of the param this rank owns. */
+struct TwoOwners {
+  std::shared_ptr<test::ThreadCommunicator> comm;
+  std::vector<ParamPtr> params;
+  Muon muon{Stream(Device::cpu())};
+  size_t mine = 0;
+
+  TwoOwners(const std::shared_ptr<test::ThreadWorld>& world, int rank)
+      : comm(std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2)) {
+    auto mesh =
+        std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, rank);
+    for (const char* name : {"a", "b"}) {
+      ParamPtr p = make_param(name, test::random_tensor({8, 6}, DType::f32, name[0]));
+      p->layout = DTensor(p->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
+      p->grad = test::random_tensor({8, 6}, DType::f32, 10 + name[0]);
+      params.push_back(p);
+    }
+    muon.add_param_group(params);
+    muon.enable_hsdp(comm);
+    muon.step();
+    mine = muon.state().count(params[0].get()) ? 0 : 1;
+  }
+};
+
 TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep is updated; a full copy does") {
   // Mesh 2x1: two replicated matrices, one owned by each rank. Each rank's file holds only the
   // momentum it owns; loaded on the other rank, the param that rank updates had restarted from
@@ -462,25 +487,14 @@ TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep 
   auto world = std::make_shared<test::ThreadWorld>();
   std::vector<StateDict> own(2), full(2);
   const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
-    auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
-    auto mesh =
-        std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1}, std::vector<std::string>{"replicate", "shard"}, rank);
-    std::vector<ParamPtr> params;
-    for (const char* name : {"a", "b"}) {
-      ParamPtr p = make_param(name, test::random_tensor({8, 6}, DType::f32, name[0]));
-      p->layout = DTensor(p->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
-      p->grad = test::random_tensor({8, 6}, DType::f32, 10 + name[0]);
-      params.push_back(p);
-    }
-    Muon muon{Stream(Device::cpu())};
-    muon.add_param_group(params);
-    muon.enable_hsdp(comm);
-    muon.step();
-    const size_t mine = muon.state().count(params[0].get()) ? 0 : 1;
+    TwoOwners ranked(world, rank);
+    Muon& muon = ranked.muon;
+    const std::vector<ParamPtr>& params = ranked.params;
+    const size_t mine = ranked.mine;
     REQUIRE(muon.state().count(params[1 - mine].get()) == 0);
     own[size_t(rank)] = muon.state_dict();
     full[size_t(rank)] = broadcast_state_to_replicas(muon, muon.state_dict());
-    comm->barrier();
+    ranked.comm->barrier();
     const std::string before = serialize_state_dict(muon.state_dict());
     CHECK(test::error_of([&] { muon.load_state_dict(own[size_t(1 - rank)]); }) ==
           std::string("[checkpoint] param ") + std::to_string(mine) + " ('" + params[mine]->name +
@@ -524,23 +538,10 @@ TEST_CASE("broadcast_state_to_replicas refuses a bad state on every rank before 
     CAPTURE(c.what);
     auto world = std::make_shared<test::ThreadWorld>();
     const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
-      auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
-      auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{2, 1},
-                                               std::vector<std::string>{"replicate", "shard"}, rank);
-      std::vector<ParamPtr> params;
-      for (const char* name : {"a", "b"}) {
-        ParamPtr p = make_param(name, test::random_tensor({8, 6}, DType::f32, name[0]));
-        p->layout = DTensor(p->data, {8, 6}, mesh, {Placement::Replicate(), Placement::Replicate()});
-        p->grad = test::random_tensor({8, 6}, DType::f32, 10 + name[0]);
-        params.push_back(p);
-      }
-      Muon muon{Stream(Device::cpu())};
-      muon.add_param_group(params);
-      muon.enable_hsdp(comm);
-      muon.step();
+      TwoOwners ranked(world, rank);
+      Muon& muon = ranked.muon;
       StateDict state = muon.state_dict();
-      const size_t mine = muon.state().count(params[0].get()) ? 0 : 1;
-      if (rank == 1) c.spoil(state, muon.state_name(params[mine].get(), "momentum_buffer"));
+      if (rank == 1) c.spoil(state, muon.state_name(ranked.params[ranked.mine].get(), "momentum_buffer"));
       const std::string error = test::error_of([&] { broadcast_state_to_replicas(muon, state); });
       if (rank == 0) {
         CHECK(error ==
