@@ -71,12 +71,28 @@ Tensor range_of(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.
 void AdamW::update_param(size_t group, Param& param) {
   Param* const one[] = {&param};
   check_update_call(group, std::span<Param* const>(one), "update_param");
+  check_update_operands_apart(group, one);
   apply_updates(group, one);
 }
 
 void AdamW::update_params(size_t group, std::span<Param* const> params) {
   check_update_call(group, params, "update_params");
+  check_update_operands_apart(group, params);
   apply_updates(group, params);
+}
+
+void AdamW::check_update_operands_apart(size_t group, std::span<Param* const> params) const {
+  const bool amsgrad = group_entry(options_, group).amsgrad;
+  std::vector<ops::AdamWUpdate> updates;
+  updates.reserve(params.size());
+  for (const Param* p : params)
+    updates.push_back({p->data,
+                       p->grad,
+                       existing_state_tensor(*p, "exp_avg"),
+                       existing_state_tensor(*p, "exp_avg_sq"),
+                       amsgrad ? existing_state_tensor(*p, "max_exp_avg_sq") : Tensor(),
+                       {}});
+  ops::check_adamw_updates_apart(updates, "adamw_update_many");
 }
 
 void AdamW::apply_updates(size_t group, std::span<Param* const> params) {
@@ -121,6 +137,20 @@ void AdamW::update_param_chunk(size_t group, Param& param, int64_t begin, int64_
                       << key << "' is " << t.str() << ", the chunk needs a contiguous f32 [" << end - begin << "] on "
                       << device().str());
   }
+  // The op's memory checks, before the chunk creates state or counts a step.
+  const auto chunk_of = [&](const std::string& key) {
+    const auto it = staged.find(key);
+    if (it != staged.end()) return it->second;
+    const Tensor own = existing_state_tensor(param, key);
+    return own.defined() ? range_of(own, begin, end) : Tensor();
+  };
+  const ops::AdamWUpdate chunk{range_of(param.data, begin, end),
+                               range_of(param.grad, begin, end),
+                               chunk_of("exp_avg"),
+                               chunk_of("exp_avg_sq"),
+                               group_entry(options_, group).amsgrad ? chunk_of("max_exp_avg_sq") : Tensor(),
+                               {}};
+  ops::check_adamw_updates_apart({&chunk, 1}, "adamw_update");
   apply_update_chunk(group, param, begin, end, staged);
 }
 

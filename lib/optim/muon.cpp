@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../core/operand_overlap.h"
 #include "group_options.h"
 #include "json.h"
 #include "swapopt/core/error.h"
@@ -200,6 +201,12 @@ void Muon::momentum_chunk(size_t group, const Param& param, int64_t begin, int64
                                                     << dtype_name(state_dtype("momentum_buffer", param)) << " ["
                                                     << end - begin << "]");
   }
+  // The op's memory checks, before the chunk creates state or counts a step.
+  const auto range_of = [&](const Tensor& t) { return t.view({t.numel()}).narrow(0, begin, end - begin); };
+  const Tensor own = existing_state_tensor(param, "momentum_buffer");
+  const Tensor buffer = staged_buffer.defined() ? staged_buffer : own.defined() ? range_of(own) : Tensor();
+  check_operands_apart("muon_momentum", {{buffer, "momentum_buffer"}, {out_input.view({end - begin}), "update"}},
+                       {{range_of(param.grad), "grad"}});
   chunk_momentum(group, param, begin, end, staged_buffer, out_input);
 }
 
@@ -218,6 +225,17 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   check_local(params, "momentum_into");
   for (size_t i = 0; i < out_inputs.size(); ++i)
     check_operand(out_inputs[i], device(), "momentum_into's output " + std::to_string(i));
+  // The op's memory checks, before any buffer is created or step counted (after fill_momentum's
+  // own checks of the lists, which change nothing either).
+  if (out_inputs.size() == params.size() && !hooks_.momentum_update_fn)
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Param& p = *params[i];
+      if (out_inputs[i].numel() != p.data.numel()) continue;  // fill_momentum names it
+      check_operands_apart("muon_momentum",
+                           {{existing_state_tensor(p, "momentum_buffer"), "momentum_buffer"},
+                            {out_inputs[i].view(p.data.shape()), "update"}},
+                           {{p.grad, "grad"}});
+    }
   fill_momentum(group, params, out_inputs);
 }
 
@@ -320,13 +338,17 @@ void Muon::apply_update(size_t group, Param& param, const Tensor& update, const 
 }
 
 void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
-  check_in_group(group, params, "process_unsharded_batch");
+  check_params_call(group, params, "process_unsharded_batch");
   const Shape shape = ns_input_shape(params);
   SWAPOPT_CHECK(ns_input.shape() == shape && ns_input.dtype() == ns_dtype(group) && ns_input.device() == device() &&
                     ns_input.is_contiguous(),
                 "[Muon] process_unsharded_batch: ns_input is " << ns_input.str() << ", the params need a contiguous "
                                                                << dtype_name(ns_dtype(group)) << " " << shape_str(shape)
                                                                << " on " << device().str());
+  // Newton-Schulz works in ns_input, then each update is read from it as its param is written.
+  for (const Param* p : params)
+    SWAPOPT_CHECK(!spans_overlap(ns_input, p->data), "[Muon] process_unsharded_batch: ns_input shares memory with '"
+                                                         << p->name << "' (its update is read from there)");
   orthogonalize_and_apply(group, params, ns_input);
 }
 

@@ -14,6 +14,14 @@
 namespace swapopt::ops {
 
 namespace {
+/** One AdamW update's writes apart from each other and from its grad (the same view in place). */
+void check_own_operands_apart(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                              const Tensor& max_exp_avg_sq, const char* op) {
+  check_operands_apart(
+      op, {{param, "param"}, {exp_avg, "exp_avg"}, {exp_avg_sq, "exp_avg_sq"}, {max_exp_avg_sq, "max_exp_avg_sq"}},
+      {{grad, "grad"}});
+}
+
 void check_same(const Stream& stream, const Tensor& ref, const Tensor& t, const char* op, const char* name) {
   SWAPOPT_CHECK(t.defined() && !t.is_released(), "[" << op << "] " << name << " is undefined or released");
   SWAPOPT_CHECK(t.device() == stream.device(),
@@ -32,13 +40,7 @@ void check_adamw(const Stream& stream, const Tensor& out_param, const Tensor& gr
   if (out_max_exp_avg_sq.defined()) check_same(stream, out_param, out_max_exp_avg_sq, op, "max_exp_avg_sq");
   for (const Tensor* t : {&out_exp_avg, &out_exp_avg_sq, &out_max_exp_avg_sq})
     SWAPOPT_CHECK(!t->defined() || t->dtype() == DType::f32, "[" << op << "] state must be f32, got " << t->str());
-  if (!check_apart) return;
-  check_operands_apart(op,
-                       {{out_param, "param"},
-                        {out_exp_avg, "exp_avg"},
-                        {out_exp_avg_sq, "exp_avg_sq"},
-                        {out_max_exp_avg_sq, "max_exp_avg_sq"}},
-                       {{grad, "grad"}});
+  if (check_apart) check_own_operands_apart(out_param, grad, out_exp_avg, out_exp_avg_sq, out_max_exp_avg_sq, op);
 }
 }  // namespace
 
@@ -125,6 +127,12 @@ void adamw_update_many(Stream& stream, std::span<const AdamWUpdate> updates) {
 
 void adamw_update_many_of_optimizer(Stream& stream, std::span<const AdamWUpdate> updates) {
   run_adamw_update_many(stream, updates, false);
+}
+
+void check_adamw_updates_apart(std::span<const AdamWUpdate> updates, const char* op) {
+  for (const AdamWUpdate& u : updates)
+    check_own_operands_apart(u.param, u.grad, u.exp_avg, u.exp_avg_sq, u.max_exp_avg_sq, op);
+  check_updates_apart(updates, op);
 }
 
 }  // namespace swapopt::ops

@@ -178,7 +178,7 @@ void Optimizer::check_params_with_grad() const {
     }
 }
 
-void Optimizer::check_param_with_grad(const Param& p, const ParamRecord& record) const {
+void Optimizer::check_param_data(const Param& p, const ParamRecord& record) const {
   // Built only for a message: a step checks every param.
   const auto param = [&] { return "[" + name_ + "] parameter '" + p.name + "'"; };
   const Tensor& d = p.data;
@@ -187,6 +187,11 @@ void Optimizer::check_param_with_grad(const Param& p, const ParamRecord& record)
   SWAPOPT_CHECK(d.device() == device(),
                 param() << " is on " << d.device().str() << ", the optimizer on " << device().str());
   SWAPOPT_CHECK(d.is_contiguous(), param() << " must be contiguous, got strides " << shape_str(d.strides()));
+}
+
+void Optimizer::check_param_with_grad(const Param& p, const ParamRecord& record) const {
+  check_param_data(p, record);
+  const Tensor& d = p.data;
   const Tensor& g = p.grad;
   const auto grad = [&] { return "[" + name_ + "] grad of '" + p.name + "'"; };
   SWAPOPT_CHECK(!g.is_released(), grad() << " is released");
@@ -238,12 +243,7 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
                        "updates the params");
   validate_options();
   check_in_group(group, params, call);
-  // A param listed twice would be updated twice (in one fused op, racing with itself).
-  std::vector<const Param*> listed(params.begin(), params.end());
-  std::sort(listed.begin(), listed.end(), std::less<>());
-  const auto twice = std::adjacent_find(listed.begin(), listed.end());
-  SWAPOPT_CHECK(twice == listed.end(),
-                "[" << name_ << "] " << call << ": parameter '" << (*twice)->name << "' is listed twice");
+  check_listed_once(params, call);
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[" << name_ << "] " << call << ": parameter '" << p->name << "' has no grad");
     check_param_with_grad(*p, records_[size_t(param_indices_.at(p))]);
@@ -253,6 +253,21 @@ void Optimizer::check_update_call(size_t group, std::span<const Param* const> pa
                   "[" << name_ << "] " << call << ": parameter '" << p->name << "' has taken " << state->second.step
                       << " steps: no update can follow it");
   }
+}
+
+void Optimizer::check_listed_once(std::span<const Param* const> params, const char* call) const {
+  // A param listed twice would be updated twice (in one fused op, racing with itself).
+  std::vector<const Param*> listed(params.begin(), params.end());
+  std::sort(listed.begin(), listed.end(), std::less<>());
+  const auto twice = std::adjacent_find(listed.begin(), listed.end());
+  SWAPOPT_CHECK(twice == listed.end(),
+                "[" << name_ << "] " << call << ": parameter '" << (*twice)->name << "' is listed twice");
+}
+
+void Optimizer::check_params_call(size_t group, std::span<const Param* const> params, const char* call) const {
+  check_in_group(group, params, call);
+  check_listed_once(params, call);
+  for (const Param* p : params) check_param_data(*p, records_[size_t(param_indices_.at(p))]);
 }
 
 void Optimizer::count_update(size_t group, ParamState& state) {
@@ -431,6 +446,13 @@ Tensor& Optimizer::state_tensor(const Param& param, const std::string& key) {
     fix_layout(param);
   }
   return it->second;
+}
+
+Tensor Optimizer::existing_state_tensor(const Param& param, const std::string& key) const {
+  const auto state = state_.find(&param);
+  if (state == state_.end()) return Tensor();
+  const auto it = state->second.tensors.find(key);
+  return it == state->second.tensors.end() ? Tensor() : it->second;
 }
 
 void Optimizer::check_names_unchanged() const {

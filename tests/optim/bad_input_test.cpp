@@ -472,6 +472,33 @@ TEST_SUITE("bad input") {
             }) == "[Muon] process_unsharded_batch: ns_input is " + bad.str() + need);
     CHECK(unchanged([&] { muon.update_momentum(0, {foreign.get()}); }) ==
           "[Muon] update_momentum: parameter 'foreign' is not in this optimizer");
+    // Every param's data is checked before any is written (a bad m1 left m0 updated; found by a
+    // hunting helper), and ns_input may not be a param's memory.
+    const Tensor ns_input = Tensor::zeros({2, 4, 4}, DType::f32, Device::cpu());
+    const auto with_m1_data = [&](const Tensor& data, const std::function<void()>& call) {
+      const Tensor good = m1->data, m0_before = m0->data.clone(), m1_before = m1->data.clone();
+      m1->data = data;
+      const std::string error = unchanged(call);
+      m1->data = good;
+      muon.synchronize();
+      CHECK(test::same_bits(m0->data, m0_before));
+      CHECK(test::same_bits(m1->data, m1_before));
+      return error;
+    };
+    Tensor released = m1->data.clone();
+    released.storage()->release();
+    CHECK(with_m1_data(released, [&] {
+            muon.process_unsharded_batch(0, {m0.get(), m1.get()}, ns_input);
+          }) == "[Muon] parameter 'm1' has no data (undefined or released)");
+    CHECK(with_m1_data(m1->data.clone().transpose(0, 1), [&] {
+            muon.process_unsharded_batch(0, {m0.get(), m1.get()}, ns_input);
+          }) == "[Muon] parameter 'm1' must be contiguous, got strides [1, 4]");
+    CHECK(with_m1_data(ns_input.narrow(0, 1, 1).view({4, 4}), [&] {
+            muon.process_unsharded_batch(0, {m0.get(), m1.get()}, ns_input);
+          }) == "[Muon] process_unsharded_batch: ns_input shares memory with 'm1' (its update is read from there)");
+    CHECK(with_m1_data(m1->data, [&] {
+            muon.process_unsharded_batch(0, {m0.get(), m0.get()}, ns_input);
+          }) == "[Muon] process_unsharded_batch: parameter 'm0' is listed twice");
     // The good calls still work.
     adamw.update_param(1, *b);
     muon.update_params(0, {m0.get(), m1.get()});
@@ -560,6 +587,59 @@ TEST_SUITE("bad input") {
           }) ==
           "[AdamW] update_param_chunk: staged state 'max_exp_avg_sq' is not a state key of group 0 (exp_avg, "
           "exp_avg_sq)");
+
+    // Outputs and staged state that share memory with the update's other operands: the op refuses
+    // them, and the piece checks them before it creates state or counts a step (found by a hunting
+    // helper: the state was created and the step counted, and the optimizer's own checkpoint no
+    // longer loaded). m and a have state, m2 and a2 none.
+    const Tensor grads = Tensor::zeros({48}, DType::f32, Device::cpu());
+    const auto with_grad_in = [&](Param& p, const std::function<void()>& call) {
+      return [&p, &grads, call] {
+        const Tensor grad = p.grad;
+        p.grad = grads.narrow(0, 0, 24).view({4, 6});
+        try {
+          call();
+        } catch (...) {
+          p.grad = grad;
+          throw;
+        }
+        p.grad = grad;
+      };
+    };
+    const std::string momentum_grad = "[muon_momentum] update and grad share memory without being the same view";
+    for (Param* p : {m.get(), m2.get()}) {
+      CHECK(unchanged(with_grad_in(*p, [&] {
+              muon.momentum_into(0, {p}, {grads.narrow(0, 8, 24)});
+            })).starts_with(momentum_grad));
+      CHECK(unchanged(with_grad_in(*p, [&] {
+              muon.momentum_chunk(0, *p, 0, 8, Tensor(), grads.narrow(0, 4, 8));
+            })).starts_with(momentum_grad));
+    }
+    const Tensor m_buffer = muon.state()[m.get()].tensors.at("momentum_buffer");
+    CHECK(unchanged([&] { muon.momentum_into(0, {m.get()}, {m_buffer.view({24})}); }).starts_with("[muon_momentum] "));
+    CHECK(unchanged([&] {
+            muon.momentum_chunk(0, *m, 0, 8, Tensor(), m_buffer.view({24}).narrow(0, 2, 8));
+          }).starts_with("[muon_momentum] "));
+    CHECK(unchanged([&] {
+            muon.momentum_chunk(0, *m2, 0, 8, m2->grad.view({24}).narrow(0, 2, 8), out.narrow(0, 0, 8));
+          }).starts_with("[muon_momentum] "));
+    for (Param* p : {a.get(), a2.get()}) {
+      CHECK(unchanged([&] {
+              adamw.update_param_chunk(0, *p, 0, 8, {{"exp_avg", p->data.view({24}).narrow(0, 0, 8)}});
+            }).starts_with("[adamw_update] param and exp_avg share memory"));
+      CHECK(unchanged([&] {
+              adamw.update_param_chunk(0, *p, 0, 8, {{"exp_avg_sq", p->grad.view({24}).narrow(0, 1, 8)}});
+            }).starts_with("[adamw_update] exp_avg_sq and grad share memory"));
+    }
+    // Across the params of one fused op (they run concurrently): a2's grad is a's exp_avg.
+    const Tensor a2_grad = a2->grad;
+    a2->grad = adamw.state()[a.get()].tensors.at("exp_avg");
+    CHECK(unchanged([&] {
+            adamw.update_params(0, std::vector<Param*>{a.get(), a2.get()});
+          }) ==
+          "[adamw_update_many] update 1's grad and update 0's exp_avg share memory: the updates run concurrently, so "
+          "none may write what another reads or writes");
+    a2->grad = a2_grad;
 
     // A param listed twice, a chunk past 0 before the param's first update, options a step refuses.
     CHECK(unchanged([&] {

@@ -75,9 +75,10 @@ class AdamW : public Optimizer {
   void update_param(size_t group, Param& param);
   /** update_param on each of `params` (all of `group`), as one fused op on the stream
    *  (ops::adamw_update_many): many small params share the CPU threads. Grads are checked (present,
-   *  of the param's shape; each param listed once) before anything changes; missing state is then
-   *  created as zeros, and the op's own checks (contiguous, on the stream's device) run before any
-   *  step count changes. The step and the swap adapter's batches call it. */
+   *  of the param's shape; each param listed once) and the op's memory checks (no update writes
+   *  what another reads or writes) run before anything changes; missing state is then created as
+   *  zeros, and the op's own checks (contiguous, on the stream's device) run before any step count
+   *  changes. */
   void update_params(size_t group, std::span<Param* const> params);
   /** update_param on elements [begin, end) of the flattened param (the same bits there): the
    *  chunk that starts at 0 counts the param's step, so chunks must cover [0, numel) in order
@@ -96,6 +97,9 @@ class AdamW : public Optimizer {
   friend class AdamWSwapAdapter;  // its batches call apply_updates: the swapped step's checks covered them
   /** Throws unless `options`' amsgrad matches the state group `group`'s params already have. */
   void check_amsgrad_fits_state(size_t group, const AdamWOptions& options) const;
+  /** The memory checks of the op update_params() runs (its operands apart), before it creates
+   *  state or counts a step: the step's own checks cover only params and grads. */
+  void check_update_operands_apart(size_t group, std::span<Param* const> params) const;
   /** update_params() after its checks (a step's own calls, bare or swapped: its checks covered them). */
   void apply_updates(size_t group, std::span<Param* const> params);
   /** update_param_chunk() after its checks (the swap adapter's chunks: the step's checks covered them). */

@@ -226,7 +226,9 @@ class Muon : public Optimizer {
   /** Writes each param's NS input (its momentum update, any shape with the param's numel) into
    *  `out_inputs[i]`, creating missing buffers as zeros. */
   void momentum_into(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs);
-  /** Newton-Schulz on `ns_input` (from update_momentum) and the parameter updates. */
+  /** Newton-Schulz on `ns_input` (from update_momentum) and the parameter updates. Every param's
+   *  data (as a step checks it; each listed once) and ns_input (its shape, dtype, device, and no
+   *  memory shared with a param) are checked before any param changes. */
   void process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input);
   /** post_update_fn for `params`, if set. */
   void run_post_update(size_t group, const std::vector<Param*>& params);

@@ -289,6 +289,9 @@ class Optimizer {
    *  changes. */
   void check_update_call(size_t group, std::span<const Param* const> params, const char* call,
                          bool counts_step = true) const;
+  /** For the public pieces that write params but not state (Muon's process_unsharded_batch):
+   *  check_in_group(), each param listed once, and every param's data as a step checks it. */
+  void check_params_call(size_t group, std::span<const Param* const> params, const char* call) const;
   /** Counts one update of a param of group `group` whose state is `state`: its step += 1, and the
    *  group's step raised to at least that, so that no param has more steps than its group (as a
    *  checkpoint load requires) also when the update pieces are called outside step(). */
@@ -306,6 +309,9 @@ class Optimizer {
   void fix_layout(const Param& param);
   /** The state tensor `key` of `param`, created as zeros when missing (fixing its layout). */
   Tensor& state_tensor(const Param& param, const std::string& key);
+  /** The state tensor `key` of `param` if it has one, else an undefined tensor (one that
+   *  state_tensor() would create): what the update pieces check before anything changes. */
+  Tensor existing_state_tensor(const Param& param, const std::string& key) const;
 
   /** The family name given at construction ("Muon", "AdamW"): checkpoints carry it and errors
    *  start with "[name]". */
@@ -386,6 +392,10 @@ class Optimizer {
   void check_layout(const Param& param, const ParamRecord& record) const;
   /** check_params_with_grad() for one param with a grad. */
   void check_param_with_grad(const Param& param, const ParamRecord& record) const;
+  /** The half of check_param_with_grad() that checks the data. */
+  void check_param_data(const Param& param, const ParamRecord& record) const;
+  /** Throws naming `call` if a param is listed twice in `params` (it would be updated twice). */
+  void check_listed_once(std::span<const Param* const> params, const char* call) const;
   /** param_index() of every param, kept by add_group(): a lookup costs the same at 50000 params. */
   std::unordered_map<const Param*, int64_t> param_indices_;
   /** Every param's name, kept by add_group() to refuse a duplicate. */
