@@ -129,7 +129,10 @@ class Optimizer {
    *  dtype it had then: the trainer may point `data` at another buffer between steps, not reshape
    *  or cast it, see ParamRecord::fixed; after such a move, no two params may share memory) and
    *  its grad (shape, device, contiguous, not released, sharing no memory with any param's data,
-   *  its own included: the step writes params while it reads grads). step() and the swapped step
+   *  its own included: the step writes params while it reads grads). A grad must not share
+   *  memory with the optimizer's state either (state() hands it out); that is not checked: it
+   *  would cost a sort of every state tensor per step, since state() may change them at any
+   *  time. step() and the swapped step
    *  call it before they change anything, so bad input leaves every byte of params, state,
    *  counters and host mirrors as it was. Collective under HSDP: the ranks compare which params
    *  they step, and a check failing on one rank fails on every rank ("[Muon] the step's checks
