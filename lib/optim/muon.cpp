@@ -163,6 +163,7 @@ std::vector<Tensor> Muon::ns_input_parts(const Tensor& ns_input, const std::vect
 Tensor Muon::update_momentum(size_t group, const std::vector<Param*>& params) {
   check_update_call(group, params, "update_momentum");
   check_local(params, "update_momentum");
+  check_momentum_operands(params, nullptr);
   return stacked_momentum(group, params);
 }
 
@@ -225,27 +226,30 @@ void Muon::momentum_into(size_t group, const std::vector<Param*>& params, const 
   check_local(params, "momentum_into");
   for (size_t i = 0; i < out_inputs.size(); ++i)
     check_operand(out_inputs[i], device(), "momentum_into's output " + std::to_string(i));
-  // The op's memory checks, before any buffer is created or step counted (after fill_momentum's
-  // own checks of the lists, which change nothing either).
-  if (out_inputs.size() == params.size() && !hooks_.momentum_update_fn)
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Param& p = *params[i];
-      if (out_inputs[i].numel() != p.data.numel()) continue;  // fill_momentum names it
-      check_operands_apart("muon_momentum",
-                           {{existing_state_tensor(p, "momentum_buffer"), "momentum_buffer"},
-                            {out_inputs[i].view(p.data.shape()), "update"}},
-                           {{p.grad, "grad"}});
-    }
+  check_momentum_operands(params, &out_inputs);
   fill_momentum(group, params, out_inputs);
 }
 
+void Muon::check_momentum_operands(const std::vector<Param*>& params, const std::vector<Tensor>* out_inputs) const {
+  if (out_inputs != nullptr) {
+    SWAPOPT_CHECK(out_inputs->size() == params.size(),
+                  "[Muon] momentum_into: " << out_inputs->size() << " outputs for " << params.size() << " params");
+    for (size_t i = 0; i < params.size(); ++i)
+      SWAPOPT_CHECK((*out_inputs)[i].numel() == params[i]->data.numel(),
+                    "[Muon] momentum_into: output " << i << " is " << (*out_inputs)[i].str() << ", '" << params[i]->name
+                                                    << "' has " << params[i]->data.numel() << " elements");
+  }
+  if (hooks_.momentum_update_fn) return;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    check_operands_apart("muon_momentum",
+                         {{existing_state_tensor(p, "momentum_buffer"), "momentum_buffer"},
+                          {out_inputs ? (*out_inputs)[i].view(p.data.shape()) : Tensor(), "update"}},
+                         {{p.grad, "grad"}});
+  }
+}
+
 void Muon::fill_momentum(size_t group, const std::vector<Param*>& params, const std::vector<Tensor>& out_inputs) {
-  SWAPOPT_CHECK(out_inputs.size() == params.size(),
-                "[Muon] momentum_into: " << out_inputs.size() << " outputs for " << params.size() << " params");
-  for (size_t i = 0; i < params.size(); ++i)
-    SWAPOPT_CHECK(out_inputs[i].numel() == params[i]->data.numel(),
-                  "[Muon] momentum_into: output " << i << " is " << out_inputs[i].str() << ", '" << params[i]->name
-                                                  << "' has " << params[i]->data.numel() << " elements");
   const MuonOptions& o = group_entry(options_, group);
   for (const Param* p : params) {
     SWAPOPT_CHECK(p->has_grad(), "[Muon] param '" << p->name << "' has no grad");
@@ -339,9 +343,10 @@ void Muon::apply_update(size_t group, Param& param, const Tensor& update, const 
 
 void Muon::process_unsharded_batch(size_t group, const std::vector<Param*>& params, const Tensor& ns_input) {
   check_params_call(group, params, "process_unsharded_batch");
+  check_local(params, "process_unsharded_batch");
   const Shape shape = ns_input_shape(params);
-  SWAPOPT_CHECK(ns_input.shape() == shape && ns_input.dtype() == ns_dtype(group) && ns_input.device() == device() &&
-                    ns_input.is_contiguous(),
+  SWAPOPT_CHECK(ns_input.defined() && !ns_input.is_released() && ns_input.shape() == shape &&
+                    ns_input.dtype() == ns_dtype(group) && ns_input.device() == device() && ns_input.is_contiguous(),
                 "[Muon] process_unsharded_batch: ns_input is " << ns_input.str() << ", the params need a contiguous "
                                                                << dtype_name(ns_dtype(group)) << " " << shape_str(shape)
                                                                << " on " << device().str());
@@ -372,6 +377,7 @@ void Muon::run_post_update(size_t group, const std::vector<Param*>& params) {
 void Muon::update_params(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
   check_update_call(group, params, "update_params");
   check_local(params, "update_params");
+  if (!write_momentum) check_momentum_operands(params, nullptr);
   update_local(group, params, write_momentum);
 }
 

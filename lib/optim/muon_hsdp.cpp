@@ -237,6 +237,7 @@ void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector
   for (const Param* p : params)
     SWAPOPT_CHECK(in_assignment.count(p) == 1,
                   "[Muon] update_assignment: parameter '" << p->name << "' is not in the assignment");
+  if (!write_momentum) check_momentum_operands(params, nullptr);
   update_owned(assignment, params, write_momentum);
 }
 

@@ -215,8 +215,8 @@ void Optimizer::check_layouts() const {
 }
 
 void Optimizer::check_in_group(size_t group, std::span<const Param* const> params, const char* call) const {
-  SWAPOPT_CHECK(group < groups_.size(),
-                "[" << name_ << "] " << call << ": no group " << group << " (" << groups_.size() << " groups)");
+  SWAPOPT_CHECK(group < groups_.size(), "[" << name_ << "] " << call << ": no group " << group << " (" << groups_.size()
+                                            << (groups_.size() == 1 ? " group)" : " groups)"));
   for (const Param* p : params) {
     SWAPOPT_CHECK(p != nullptr, "[" << name_ << "] " << call << ": null parameter");
     const auto it = param_indices_.find(p);

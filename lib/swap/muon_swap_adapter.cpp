@@ -105,7 +105,7 @@ void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_s
   }
   const Tensor input = muon_.allocate_ns_input(unit.group, unit.params);
   write_momentum(muon_.ns_input_parts(input, unit.params));
-  muon_.process_unsharded_batch(unit.group, unit.params, input);
+  muon_.orthogonalize_and_apply(unit.group, unit.params, input);  // the step's checks covered them
   unit.done = true;
   if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
 }

@@ -445,6 +445,7 @@ TEST_SUITE("bad input") {
     CHECK(unchanged([&] { adamw.update_param(1, *a); }) ==
           "[AdamW] update_param: parameter 'a' is in group 0, not group 1");
     CHECK(unchanged([&] { adamw.update_param(2, *a); }) == "[AdamW] update_param: no group 2 (2 groups)");
+    CHECK(unchanged([&] { muon.update_params(1, {m0.get()}); }) == "[Muon] update_params: no group 1 (1 group)");
     CHECK(unchanged([&] { adamw.update_param_chunk(1, *a, 0, 4, {}); }) ==
           "[AdamW] update_param_chunk: parameter 'a' is in group 0, not group 1");
     const Tensor out = Tensor::zeros({16}, DType::f32, Device::cpu());
@@ -499,6 +500,11 @@ TEST_SUITE("bad input") {
     CHECK(with_m1_data(m1->data, [&] {
             muon.process_unsharded_batch(0, {m0.get(), m0.get()}, ns_input);
           }) == "[Muon] process_unsharded_batch: parameter 'm0' is listed twice");
+    Tensor released_input = ns_input.clone();
+    released_input.storage()->release();
+    CHECK(with_m1_data(m1->data, [&] {
+            muon.process_unsharded_batch(0, {m0.get(), m1.get()}, released_input);
+          }).starts_with("[Muon] process_unsharded_batch: ns_input is Tensor("));
     // The good calls still work.
     adamw.update_param(1, *b);
     muon.update_params(0, {m0.get(), m1.get()});
@@ -630,6 +636,20 @@ TEST_SUITE("bad input") {
       CHECK(unchanged([&] {
               adamw.update_param_chunk(0, *p, 0, 8, {{"exp_avg_sq", p->grad.view({24}).narrow(0, 1, 8)}});
             }).starts_with("[adamw_update] exp_avg_sq and grad share memory"));
+    }
+    // A buffer placed through state() that overlaps the grad: the pieces that make their own NS
+    // inputs check it too, before they count the step.
+    {
+      const Tensor buffer = muon.state()[m.get()].tensors.at("momentum_buffer"), m_grad = m->grad;
+      m->grad = grads.narrow(0, 0, 24).view({4, 6});
+      muon.state()[m.get()].tensors["momentum_buffer"] = grads.narrow(0, 8, 24).view({4, 6});
+      const std::string buffer_grad =
+          "[muon_momentum] momentum_buffer and grad share memory without being the same view";
+      CHECK(unchanged([&] { muon.update_momentum(0, {m.get()}); }).starts_with(buffer_grad));
+      CHECK(unchanged([&] { muon.update_params(0, {m.get()}); }).starts_with(buffer_grad));
+      CHECK(unchanged([&] { muon.momentum_into(0, {m.get()}, {out}); }).starts_with(buffer_grad));
+      muon.state()[m.get()].tensors["momentum_buffer"] = buffer;
+      m->grad = m_grad;
     }
     // Across the params of one fused op (they run concurrently): a2's grad is a's exp_avg.
     const Tensor a2_grad = a2->grad;

@@ -295,5 +295,11 @@ TEST_CASE("HSDP errors are named") {
       unsharded.update_momentum(0, {shard.get()}),
       "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
       Error);
+  const Tensor before = shard->data.clone();
+  CHECK_THROWS_WITH_AS(
+      unsharded.process_unsharded_batch(0, {shard.get()}, Tensor::zeros({1, 4, 4}, DType::f32, Device::cpu())),
+      "[Muon] parameter 's' is a shard ([4, 4] of [8, 4]): call enable_hsdp so its update sees the whole matrix",
+      Error);
+  CHECK(test::same_bits(shard->data, before));
   CHECK(unsharded.state().empty());
 }

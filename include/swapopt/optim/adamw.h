@@ -83,8 +83,8 @@ class AdamW : public Optimizer {
   /** update_param on elements [begin, end) of the flattened param (the same bits there): the
    *  chunk that starts at 0 counts the param's step, so chunks must cover [0, numel) in order
    *  within one step. `staged` holds the range of any state kept elsewhere (1-D, end - begin
-   *  elements, by key); other keys are read from the optimizer's own state. The swap adapter
-   *  calls this for a param too large for the device budget. */
+   *  elements, by key); other keys are read from the optimizer's own state. What the swap adapter
+   *  does, unchecked, for a param too large for the device budget. */
   void update_param_chunk(size_t group, Param& param, int64_t begin, int64_t end,
                           const std::map<std::string, Tensor>& staged);
 

@@ -219,8 +219,8 @@ class Muon : public Optimizer {
   /** The momentum update of elements [begin, end) of `param` (flattened; the same bits there as
    *  update_momentum) into `out_input`, end - begin elements of its NS input part.
    *  `staged_buffer` is that range of the momentum buffer when it is kept elsewhere; undefined,
-   *  the optimizer's own buffer is used (created as zeros if missing). For the swap adapter's
-   *  chunked units; momentum_update_fn cannot run in chunks. */
+   *  the optimizer's own buffer is used (created as zeros if missing). What the swap adapter's
+   *  chunked units do, checked; momentum_update_fn cannot run in chunks. */
   void momentum_chunk(size_t group, const Param& param, int64_t begin, int64_t end, const Tensor& staged_buffer,
                       const Tensor& out_input);
   /** Writes each param's NS input (its momentum update, any shape with the param's numel) into
@@ -293,6 +293,11 @@ class Muon : public Optimizer {
                     const MomentumWriter& write_momentum);
   /** For the pieces that update params locally: none laid out for HSDP, none a shard. */
   void check_local(std::span<const Param* const> params, const char* call) const;
+  /** For the public pieces, before any buffer is created or step counted: momentum_into's list
+   *  of outputs (one per param, each of its param's numel), then the momentum op's memory checks
+   *  of each param's grad, existing buffer and output (`out_inputs` null: new buffers, which
+   *  share nothing). Without the op (momentum_update_fn) only the list is checked. */
+  void check_momentum_operands(const std::vector<Param*>& params, const std::vector<Tensor>* out_inputs) const;
   /** wait_every(works); on a failure also consumes the stream's error (a Gloo wait task's). */
   void wait_collectives(const std::vector<WorkPtr>& works);
 
