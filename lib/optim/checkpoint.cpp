@@ -66,11 +66,14 @@ constexpr int64_t kMaxDims = 64;
 constexpr uint64_t kMaxEmptyExtent = uint64_t(1) << 32;  // the product of an empty tensor's nonzero dims
 
 /** The bounds on the shape of the tensor `what` ("tensor 'name'") that the save and the load both
- *  check: at most kMaxDims dims, none negative, and in an empty tensor (a dim of 0, no bytes) the
- *  other dims, which its strides multiply, at most kMaxEmptyExtent together. */
+ *  check: at most kMaxDims dims (check_dim_count), none negative, and in an empty tensor (a dim of
+ *  0, no bytes) the other dims, which its strides multiply, at most kMaxEmptyExtent together. */
+void check_dim_count(const std::string& what, size_t dims) {
+  SWAPOPT_CHECK(int64_t(dims) <= kMaxDims,
+                "[checkpoint] " << what << " has " << dims << " dims: a checkpoint holds at most " << kMaxDims);
+}
 void check_header_shape(const std::string& what, const Shape& shape) {
-  SWAPOPT_CHECK(int64_t(shape.size()) <= kMaxDims,
-                "[checkpoint] " << what << " has " << shape.size() << " dims: a checkpoint holds at most " << kMaxDims);
+  check_dim_count(what, shape.size());
   const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
   uint64_t extent = 1;
   for (const int64_t dim : shape) {
@@ -188,6 +191,7 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const std::string what = "tensor '" + name + "'";
     const DType dtype = dtype_from_safetensors(json::get_string(json::member(entry, "dtype", what), what + " dtype"), name);
     const auto& dims = json::get_array(json::member(entry, "shape", what), what + " shape");
+    check_dim_count(what, dims.size());  // before a long list is read
     Shape shape;
     for (const json::Value& d : dims) shape.push_back(json::get_int(d, what + " shape"));
     check_header_shape(what, shape);
