@@ -26,6 +26,17 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
   std::exception_ptr refused;
   try {
     meta = json::parse(state.metadata);
+    // This rank's own state: its optimizer, params, shards and kept state (another rank's, of the
+    // same shapes, would send that rank's momentum to this rank's replicas).
+    const json::Value own = json::parse(muon.metadata_json());
+    for (const char* key : {"optimizer", "param_names", "param_shards", "param_kept"}) {
+      const bool has = meta.contains(key);
+      // (a full copy, without param_kept, may be completed again)
+      const bool fits = has ? own.contains(key) && meta.at(key) == own.at(key)
+                            : !own.contains(key) || std::string(key) == "param_kept";
+      SWAPOPT_CHECK(fits, "[Muon] broadcast_state_to_replicas: the state's '"
+                              << key << "' is not this rank's: pass this rank's own state_dict()");
+    }
     size_t params = 0;
     for (const ParamGroup& g : muon.param_groups()) params += g.params.size();
     const auto& steps = json::get_array(json::member(meta, "param_steps", "metadata"), "param_steps");

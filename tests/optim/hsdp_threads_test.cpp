@@ -527,7 +527,15 @@ TEST_CASE("broadcast_state_to_replicas refuses a bad state on every rank before 
          s.metadata.replace(at, 13, "\"param_stops\"");
        },
        "has no 'param_steps'"},
-      {"metadata not JSON", [](StateDict& s, const std::string&) { s.metadata = "{"; }, ""},
+      {"metadata not JSON", [](StateDict& s, const std::string&) { s.metadata = "{"; },
+       "[checkpoint] bad JSON at byte "},
+      {"a negative param step",
+       [](StateDict& s, const std::string&) {
+         const size_t at = s.metadata.find("\"param_steps\":[");
+         REQUIRE(at != std::string::npos);
+         s.metadata.insert(at + 15, "-1");
+       },
+       "[Muon] broadcast_state_to_replicas: negative param step -"},
       {"a momentum of the wrong shape",
        [](StateDict& s, const std::string& owned) {
          s.tensors[owned] = Tensor::zeros({6, 8}, DType::f32, Device::cpu());
@@ -557,4 +565,25 @@ TEST_CASE("broadcast_state_to_replicas refuses a bad state on every rank before 
     });
     CHECK(errors == std::vector<std::string>{"", ""});
   }
+}
+
+TEST_CASE("broadcast_state_to_replicas refuses another rank's state dict on every rank") {
+  // Rank 1 passes rank 0's state dict (same params and shapes, the other owner): its momentum
+  // would have gone to rank 1's replicas as if it were rank 1's (found by a hunting helper).
+  auto world = std::make_shared<test::ThreadWorld>();
+  std::vector<StateDict> states(2);
+  const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
+    TwoOwners ranked(world, rank);
+    states[size_t(rank)] = ranked.muon.state_dict();
+    ranked.comm->barrier();
+    const std::string error = test::error_of([&] { broadcast_state_to_replicas(ranked.muon, states[0]); });
+    CHECK(error == (rank == 1 ? "[Muon] broadcast_state_to_replicas: the state's 'param_kept' is not this rank's: "
+                                "pass this rank's own state_dict()"
+                              : "[Muon] broadcast_state_to_replicas failed its checks on another rank (that rank's "
+                                "error says why): nothing was broadcast"));
+    // A full copy may be completed again.
+    const StateDict full = broadcast_state_to_replicas(ranked.muon, ranked.muon.state_dict());
+    CHECK(serialize_state_dict(broadcast_state_to_replicas(ranked.muon, full)) == serialize_state_dict(full));
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
 }
