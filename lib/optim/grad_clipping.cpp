@@ -1,6 +1,7 @@
 #include "swapopt/optim/grad_clipping.h"
 
 #include <cmath>
+#include <exception>
 #include <unordered_set>
 
 #include "disjoint_params.h"
@@ -10,7 +11,10 @@
 
 namespace swapopt {
 
-double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
+namespace {
+
+/** The checks of clip_grad_norm's arguments; returns the params with a grad. */
+std::vector<const Param*> checked_grads(const std::vector<ParamPtr>& params, double max_norm, const Stream& stream) {
   SWAPOPT_CHECK(std::isfinite(max_norm) && max_norm > 0, "[clip_grad_norm] max_norm must be finite and > 0, got " << max_norm);
   std::vector<const Param*> with_grad;
   std::unordered_set<const Param*> seen;
@@ -28,6 +32,11 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     with_grad.push_back(p.get());
   }
   check_disjoint_grads(with_grad, "clip_grad_norm");
+  return with_grad;
+}
+
+/** This rank's weighted sum of the squares of its grads' elements (f64, on the host). */
+double sum_of_squares(const std::vector<const Param*>& with_grad, Stream& stream, const Communicator* world) {
   // One Frobenius norm per grad, on the stream, then the weighted sum of their squares on the host.
   const Tensor norms = Tensor::empty({int64_t(with_grad.size())}, DType::f32, stream.device(), &stream);
   for (size_t i = 0; i < with_grad.size(); ++i) {
@@ -50,14 +59,34 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     }
     sum += weight * double(each[i]) * double(each[i]);
   }
+  return sum;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
+  // With `world`, a rank whose checks (or norms) fail still joins the exchange below, and every
+  // rank learns of it there: a rank throwing alone would leave the others waiting in it.
+  std::exception_ptr failure;
+  std::vector<const Param*> with_grad;
+  double sum = 0.0;
+  try {
+    with_grad = checked_grads(params, max_norm, stream);
+    sum = sum_of_squares(with_grad, stream, world);
+  } catch (...) {
+    if (world == nullptr) throw;
+    failure = std::current_exception();
+  }
   if (world != nullptr) {
     // Every rank's f64 sum, exchanged exactly and added in rank order: every rank gets the same
-    // total, without an f32 rounding or overflow. In the rank's own four slots (the other ranks add
-    // zeros): its binary exponent e (an integer, exact in f32), then sum * 2^-e, in [1, 2), as
-    // three f32 parts, which hold its 53 bits. Zero, inf and NaN go as they are, with e = 0.
+    // total, without an f32 rounding or overflow. After a count of the ranks that failed, in the
+    // rank's own four slots (the other ranks add zeros): its binary exponent e (an integer, exact
+    // in f32), then sum * 2^-e, in [1, 2), as three f32 parts, which hold its 53 bits. Zero, inf
+    // and NaN go as they are, with e = 0.
     constexpr size_t kSlots = 4;
-    std::vector<float> parts(kSlots * size_t(world->size()), 0.f);
-    float* mine = &parts[kSlots * size_t(world->rank())];
+    std::vector<float> parts(1 + kSlots * size_t(world->size()), 0.f);
+    parts[0] = failure ? 1.f : 0.f;
+    float* mine = &parts[1 + kSlots * size_t(world->rank())];
     const int e = std::isfinite(sum) && sum != 0.0 ? std::ilogb(sum) : 0;
     const double scaled = std::ldexp(sum, -e);
     mine[0] = float(e);
@@ -68,8 +97,12 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
       mine[3] = float(rest - double(mine[2]));
     }
     parts = sum_over_ranks(*world, stream.device(), parts);
+    if (failure) std::rethrow_exception(failure);
+    SWAPOPT_CHECK(parts[0] == 0.f, "[clip_grad_norm] failed its checks on "
+                                       << parts[0] << " of " << world->size()
+                                       << " ranks (their errors say why): no grad was scaled");
     sum = 0.0;
-    for (size_t r = 0; r < parts.size(); r += kSlots)
+    for (size_t r = 1; r < parts.size(); r += kSlots)
       sum += std::ldexp(double(parts[r + 1]) + double(parts[r + 2]) + double(parts[r + 3]), int(parts[r]));
   }
   const double norm = std::sqrt(sum);

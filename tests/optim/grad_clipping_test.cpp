@@ -196,3 +196,54 @@ TEST_CASE("clip_grad_norm across ranks: a sum of squares beyond f32's range clip
   CHECK(grads == std::vector<std::vector<float>>{clipped, clipped});
   CHECK(std::fabs(clipped[0] - 1.f) < 1e-6f);
 }
+
+TEST_CASE("clip_grad_norm across ranks: bad input on one rank throws on every rank, scaling no grad") {
+  // Rank 1's checks failed and it threw alone; rank 0 waited in the exchange until the timeout
+  // (found by a hunting helper).
+  struct Case {
+    const char* what;
+    std::function<double(std::vector<ParamPtr>&, Stream&, Communicator*)> call;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"a grad not contiguous",
+       [](std::vector<ParamPtr>& p, Stream& s, Communicator* c) {
+         p[0]->grad = Tensor::zeros({6, 8}, DType::f32, Device::cpu()).transpose(0, 1);
+         return clip_grad_norm(p, 1.0, s, c);
+       },
+       "[clip_grad_norm] grad of 'w' must be contiguous on cpu, got Tensor(f32, [8, 6], cpu)"},
+      {"a param listed twice",
+       [](std::vector<ParamPtr>& p, Stream& s, Communicator* c) {
+         p.push_back(p[0]);
+         return clip_grad_norm(p, 1.0, s, c);
+       },
+       "[clip_grad_norm] parameter 'w' is listed twice (its grad would be counted and scaled twice)"},
+      {"max_norm nan",
+       [](std::vector<ParamPtr>& p, Stream& s, Communicator* c) { return clip_grad_norm(p, std::nan(""), s, c); },
+       "[clip_grad_norm] max_norm must be finite and > 0, got nan"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    std::vector<std::string> got(2);
+    const std::vector<std::string> errors =
+        on_thread_ranks(2, [&](int rank, const std::shared_ptr<Communicator>& comm) {
+          std::vector<ParamPtr> params = with_grads(1, 10.f);
+          const std::vector<float> before = params[1]->grad.to_float_vector();
+          Stream s(Device::cpu());
+          got[size_t(rank)] = test::error_of([&] {
+            if (rank == 1) {
+              c.call(params, s, comm.get());
+            } else {
+              clip_grad_norm(params, 1.0, s, comm.get());
+            }
+          });
+          s.synchronize();
+          CHECK(params[1]->grad.to_float_vector() == before);  // scaled on no rank
+          // Both ranks go on: a good call clips.
+          clip_grad_norm(with_grads(1, 10.f), 1.0, s, comm.get());
+        });
+    CHECK(errors == std::vector<std::string>{"", ""});
+    CHECK(got[0] == "[clip_grad_norm] failed its checks on 1 of 2 ranks (their errors say why): no grad was scaled");
+    CHECK(got[1] == c.want);
+  }
+}

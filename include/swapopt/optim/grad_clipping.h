@@ -19,7 +19,9 @@ namespace swapopt {
  *  added in rank order. Every rank gets the same norm and clips alike. A non-finite norm is
  *  returned and clips nothing. Throws, changing nothing, for a null param, a param listed twice,
  *  a grad released, not contiguous or on another device, and grads sharing memory (each would be
- *  counted and scaled twice).
+ *  counted and scaled twice). With `world`, a rank whose checks fail still joins the exchange,
+ *  and every other rank throws too ("[clip_grad_norm] failed its checks on 1 of 2 ranks ..."),
+ *  so none is left waiting in it.
  */
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world = nullptr);
 /** clip_grad_norm with `world` held in a shared_ptr, as Muon::enable_hsdp takes it. */
