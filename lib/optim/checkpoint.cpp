@@ -110,7 +110,7 @@ std::string header_bytes(const std::string& metadata, const std::vector<HeaderTe
     const std::string& name = *t.name;
     SWAPOPT_CHECK(name != "__metadata__",
                   "[checkpoint] a tensor cannot be named '__metadata__': the format keeps that name for the metadata");
-    check_header_shape("tensor '" + name + "'", *t.shape);
+    check_header_shape(std::string("tensor '").append(name).append("'"), *t.shape);
     header[*t.name] = Value::object({{"dtype", safetensors_dtype(t.dtype)},
                                      {"shape", *t.shape},
                                      {"data_offsets", Value::array({offset, offset + t.nbytes})}});
