@@ -47,8 +47,9 @@ namespace detail {
 /** The bytes [begin, end) of one of a param's tensors (internal: the optimizers keep their params'
  *  data sorted by address for the step's memory-sharing checks). */
 struct ParamBytes {
-  uintptr_t begin = 0, end = 0;
-  const Param* param = nullptr;
+  uintptr_t begin = 0;           ///< The first byte.
+  uintptr_t end = 0;             ///< One past the last byte.
+  const Param* param = nullptr;  ///< The param whose tensor they are.
 };
 }  // namespace detail
 
