@@ -2,16 +2,17 @@
 // Helpers shared by the test files: seeded data, naive references, error reports.
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "swapopt/swapopt.h"
 
@@ -27,6 +28,12 @@ inline std::string test_path(const std::string& baked, const std::string& relati
 /** A path in /tmp named after `name` and this process, so that test runs side by side (a CI job and
  *  a developer's run, two build directories) never share a file. */
 inline std::string temp_file(const std::string& name) { return "/tmp/swapopt_test_" + std::to_string(::getpid()) + "_" + name; }
+
+/** The whole file at `path`, or "" when it cannot be read. */
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 /** Deterministic values in [-1, 1). */
 inline std::vector<float> random_values(size_t n, uint32_t seed) {

@@ -2,6 +2,7 @@
 #include "swapopt/optim/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -11,8 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -273,17 +274,41 @@ StateDict read_tensors(const Header& header, const CheckpointReadOptions& option
   return out;
 }
 
-/** A file written under `path`.tmp and committed by rename after an fsync (or removed). */
+/** A file written under `path`.tmp and committed by rename after an fsync (or removed). The writer
+ *  holds an exclusive flock on the temporary from its creation to its rename, so two writers of one
+ *  path (threads or processes) take turns instead of writing into one file: each commits a whole
+ *  file, the later one last. A writer that died left its temporary unlocked; the next one empties
+ *  it and writes it anew. */
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err = errno;
-    SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot create '" << tmp_ << "': " << std::strerror(err));
+    // A writer woken from flock may hold a file the previous one has since renamed to `path` (or
+    // removed): it opens the temporary again until the file it locked is the one named `tmp_`.
+    for (;;) {
+      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      int err = errno;
+      SWAPOPT_CHECK(fd_ >= 0, "[checkpoint] cannot create '" << tmp_ << "': " << std::strerror(err));
+      // A file system without locks (ENOLCK, EOPNOTSUPP) still saves: one writer at a time then.
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      struct stat locked {
+      }, named{};
+      err = ::fstat(fd_, &locked) == 0 ? 0 : errno;
+      SWAPOPT_CHECK(err == 0, "[checkpoint] cannot stat '" << tmp_ << "': " << std::strerror(err));
+      if (::stat(tmp_.c_str(), &named) == 0 && named.st_dev == locked.st_dev && named.st_ino == locked.st_ino) {
+        // A regular file may hold a dead writer's bytes; anything else (a FIFO) is written as is.
+        err = S_ISREG(locked.st_mode) && ::ftruncate(fd_, 0) != 0 ? errno : 0;
+        SWAPOPT_CHECK(err == 0, "[checkpoint] cannot empty '" << tmp_ << "': " << std::strerror(err));
+        return;
+      }
+      ::close(fd_);
+      fd_ = -1;
+    }
   }
-  ~AtomicFile() {  // not committed: an error left a partial file behind
-    if (fd_ >= 0) ::close(fd_);
+  ~AtomicFile() {  // not committed: an error left a partial file behind, removed under the lock
+    if (fd_ < 0) return;
     if (!committed_) ::unlink(tmp_.c_str());
+    ::close(fd_);
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -300,12 +325,14 @@ class AtomicFile {
     }
   }
   void commit() {
+    // The rename happens under the lock; closing the file releases it.
     int err = ::fsync(fd_) == 0 ? 0 : errno;
-    if (::close(fd_) != 0 && err == 0) err = errno;
-    fd_ = -1;
     if (err == 0 && std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
     SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
     committed_ = true;
+    err = ::close(fd_) == 0 ? 0 : errno;
+    fd_ = -1;
+    SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
     // The rename lives in the directory: until it is synced too, a power loss may bring back the
     // previous file (or none) although this one was reported written.
     const std::string dir = std::filesystem::path(path_).parent_path().string();

@@ -1,10 +1,13 @@
 #include <sys/stat.h>
 
+#include <barrier>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "swapopt/optim/routing.h"
 #include "test_util.h"
@@ -235,10 +238,7 @@ TEST_CASE("the file reader and writer agree with the in-memory format on every f
   const StateDict state = opt.state_dict();
   save_state_dict(state, path);
   const std::string file = serialize_state_dict(state);
-  auto file_bytes = [&] {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  auto file_bytes = [&] { return test::file_bytes(path); };
   REQUIRE(file_bytes() == file);
   auto outcome = [](const std::function<StateDict()>& read) {
     try {
@@ -474,5 +474,58 @@ TEST_CASE("a state dict no load would take is refused by the save, which writes 
   REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
   CHECK(test::error_of([&] { load_state_dict(path); }) ==
         "[checkpoint] cannot read '" + path + "': not a regular file");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("two writers saving to one path at once take turns: every save commits a whole file") {
+  // Each thread saves its own state to the same path in rounds started together; the temporary is
+  // locked from its creation to its rename, so neither commit fails and the file is one state.
+  const std::string path = temp_path("two_writers");
+  std::remove(path.c_str());
+  std::vector<StateDict> states(2);
+  std::vector<std::string> bytes;
+  for (uint32_t i = 0; i < 2; ++i) {
+    states[i].metadata = "{\"writer\":" + std::to_string(i) + "}";
+    states[i].tensors.emplace("t", test::random_tensor({1 << 18}, DType::f32, 7 + i));
+    bytes.push_back(serialize_state_dict(states[i]));
+  }
+  constexpr int kRounds = 24;
+  std::barrier start(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> writers;
+  std::vector<std::string> seen;  // the file after each round
+  std::mutex seen_mutex;
+  for (size_t i = 0; i < 2; ++i) {
+    writers.emplace_back([&, i] {
+      for (int round = 0; round < kRounds; ++round) {
+        start.arrive_and_wait();
+        const std::string error = test::error_of([&] { save_state_dict(states[i], path); });
+        if (!error.empty() && errors[i].empty()) errors[i] = error;
+        start.arrive_and_wait();
+        if (i == 0) {
+          std::lock_guard<std::mutex> lock(seen_mutex);
+          seen.push_back(test::file_bytes(path));
+        }
+      }
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  REQUIRE(seen.size() == size_t(kRounds));
+  for (const std::string& file : seen) CHECK((file == bytes[0] || file == bytes[1]));
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a temporary a dead writer left behind, longer than the new file, is emptied before the save") {
+  const std::string path = temp_path("stale_tmp");
+  StateDict state;
+  state.metadata = "{}";
+  state.tensors.emplace("t", test::random_tensor({16}, DType::f32, 3));
+  { std::ofstream(path + ".tmp", std::ios::binary) << std::string(4096, 'x'); }
+  save_state_dict(state, path);
+  CHECK(test::file_bytes(path) == serialize_state_dict(state));
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
   std::remove(path.c_str());
 }

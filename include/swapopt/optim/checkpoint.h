@@ -31,8 +31,8 @@ struct CheckpointReadOptions {
 /** Writes a safetensors file atomically: to `path`.tmp, fsync, then rename over `path`. What no
  *  load would take is a named error before anything is written: a tensor named "__metadata__",
  *  one of more than 64 dims, one without elements whose other dims multiply past 2^32, a header
- *  (names, shapes, metadata) past 100 MiB. One writer per path at a time: two saves to one path
- *  at once share `path`.tmp, and the later one's commit fails by name. */
+ *  (names, shapes, metadata) past 100 MiB. Saves to one path at once (threads or processes)
+ *  take turns on a lock of `path`.tmp, held until the rename: each commits a whole file. */
 void save_state_dict(const StateDict& state, const std::string& path);
 
 /** Reads a safetensors file written by save_state_dict; throws a named swapopt::Error on a short,
