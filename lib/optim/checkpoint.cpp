@@ -66,14 +66,17 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 constexpr int64_t kMaxDims = 64;
 constexpr uint64_t kMaxEmptyExtent = uint64_t(1) << 32;  // the product of an empty tensor's nonzero dims
 
-/** The bounds on the shape of the tensor `what` ("tensor 'name'") that the save and the load both
- *  check: at most kMaxDims dims (check_dim_count), none negative, and in an empty tensor (a dim of
- *  0, no bytes) the other dims, which its strides multiply, at most kMaxEmptyExtent together. */
+/** At most kMaxDims dims in the tensor `what` ("tensor 'name'"): the load counts them before it
+ *  reads them. */
 void check_dim_count(const std::string& what, size_t dims) {
   SWAPOPT_CHECK(int64_t(dims) <= kMaxDims,
                 "[checkpoint] " << what << " has " << dims << " dims: a checkpoint holds at most " << kMaxDims);
 }
-void check_header_shape(const std::string& what, const Shape& shape) {
+
+/** The bounds on the shape of the tensor `what` that the save and the load both check: at most
+ *  kMaxDims dims, none negative, and in an empty tensor (a dim of 0, no bytes) the other dims,
+ *  which its strides multiply, at most kMaxEmptyExtent together. Returns whether it is empty. */
+bool check_header_shape(const std::string& what, const Shape& shape) {
   check_dim_count(what, shape.size());
   const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
   uint64_t extent = 1;
@@ -84,6 +87,7 @@ void check_header_shape(const std::string& what, const Shape& shape) {
                                   << kMaxEmptyExtent << " together");
     if (dim > 0) extent *= uint64_t(dim);
   }
+  return empty;
 }
 
 }  // namespace
@@ -195,9 +199,8 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     check_dim_count(what, dims.size());  // before a long list is read
     Shape shape;
     for (const json::Value& d : dims) shape.push_back(json::get_int(d, what + " shape"));
-    check_header_shape(what, shape);
+    const bool empty = check_header_shape(what, shape);
     // A non-empty tensor's dims are each at most the data bytes.
-    const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
     uint64_t numel = 1;
     for (const int64_t dim : shape) {
       SWAPOPT_CHECK(empty || dim <= int64_t(data_size),
