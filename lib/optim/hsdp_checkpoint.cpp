@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "json.h"
+#include "sum_over_ranks.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -61,11 +62,8 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
   } catch (...) {
     refused = std::current_exception();
   }
-  const float failed = muon.sum_over_step_ranks({refused ? 1.f : 0.f})[0];
-  if (refused) std::rethrow_exception(refused);
-  SWAPOPT_CHECK(failed == 0.f,
-                "[Muon] broadcast_state_to_replicas failed its checks on another rank (that rank's error says why): "
-                "nothing was broadcast");
+  vote_on_checks([&](std::vector<float> values) { return muon.sum_over_step_ranks(std::move(values)); }, refused, {},
+                 "[Muon] broadcast_state_to_replicas", "nothing was broadcast");
   json::Value& param_steps = meta.at("param_steps");
   for (const HsdpAssignment& a : muon.hsdp_schedule()) {
     if (!a.replicas) continue;

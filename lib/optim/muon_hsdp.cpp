@@ -156,15 +156,14 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
   } catch (...) {
     refused = std::current_exception();
   }
-  std::vector<float> votes = {refused ? 1.f : 0.f};
-  push_digest_bits(votes, options_text + layouts_text);
-  if (world->size() > 1) votes = sum_over_ranks(*world, device(), votes);
-  if (refused) std::rethrow_exception(refused);
-  SWAPOPT_CHECK(
-      votes[0] == 0.f,
-      "[Muon] enable_hsdp failed its checks on another rank (that rank's error says why): HSDP is not enabled");
+  std::vector<float> digest;
+  push_digest_bits(digest, options_text + layouts_text);
+  const auto sum = [&](std::vector<float> values) {
+    return world->size() > 1 ? sum_over_ranks(*world, device(), values) : values;
+  };
+  digest = vote_on_checks(sum, refused, digest, "[Muon] enable_hsdp", "HSDP is not enabled");
   // Every rank sees the same sums: a bit set on some ranks but not all is a difference.
-  SWAPOPT_CHECK(digests_agree(votes, 1, world->size()),
+  SWAPOPT_CHECK(digests_agree(digest, 0, world->size()),
                 "[Muon] enable_hsdp: the ranks' setups differ (this rank: "
                     << options_text << "; " << with_layout
                     << " params with layouts): every rank must pass the same HsdpOptions, with the same params "

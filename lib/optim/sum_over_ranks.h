@@ -3,9 +3,12 @@
 // clipping's norm).
 
 #include <exception>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "swapopt/comm/communicator.h"
+#include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/core/stream.h"
 
@@ -46,6 +49,23 @@ inline std::vector<float> sum_over_ranks(Communicator& group, Device device, con
   work->wait();
   if (ordering) std::rethrow_exception(ordering);
   return total.to_float_vector();  // a copy on the same stream, after the collective completed
+}
+
+/** The vote closing checks each rank ran on its own (`local_failure` holds this rank's error), so
+ *  that a rank failing them does not leave the others waiting in the collectives that follow. A
+ *  failure flag ahead of `values` is summed over the ranks by `sum` (one collective). This rank's
+ *  own error is rethrown; another rank's failure throws "`what` failed its checks on another rank
+ *  (that rank's error says why): `outcome`". Returns the sums of `values`, flag removed. */
+template <class Sum>
+std::vector<float> vote_on_checks(Sum&& sum, std::exception_ptr local_failure, const std::vector<float>& values,
+                                  const std::string& what, const std::string& outcome) {
+  std::vector<float> votes = {local_failure ? 1.f : 0.f};
+  votes.insert(votes.end(), values.begin(), values.end());
+  votes = std::forward<Sum>(sum)(std::move(votes));
+  if (local_failure) std::rethrow_exception(local_failure);
+  SWAPOPT_CHECK(votes[0] == 0.f,
+                what << " failed its checks on another rank (that rank's error says why): " << outcome);
+  return std::vector<float>(votes.begin() + 1, votes.end());
 }
 
 }  // namespace swapopt
