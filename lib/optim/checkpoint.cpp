@@ -278,10 +278,10 @@ StateDict read_tensors(const Header& header, const CheckpointReadOptions& option
 }
 
 /** A file written under `path`.tmp and committed by rename after an fsync (or removed). The writer
- *  holds an exclusive flock on the temporary from its creation to its rename, so two writers of one
- *  path (threads or processes) take turns instead of writing into one file: each commits a whole
- *  file, the later one last. A writer that died left its temporary unlocked; the next one empties
- *  it and writes it anew. */
+ *  holds an exclusive flock on the temporary from its creation to its rename, so writers of one
+ *  path on one host (threads or processes) take turns instead of writing into one file: each
+ *  commits a whole file, the later one last, and a writer waits while another holds the lock. A
+ *  writer that died left its temporary unlocked; the next one empties it and writes it anew. */
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
@@ -296,22 +296,19 @@ class AtomicFile {
       }
       struct stat locked {
       }, named{};
-      err = ::fstat(fd_, &locked) == 0 ? 0 : errno;
-      SWAPOPT_CHECK(err == 0, "[checkpoint] cannot stat '" << tmp_ << "': " << std::strerror(err));
+      if (::fstat(fd_, &locked) != 0) give_up("stat", errno);
       if (::stat(tmp_.c_str(), &named) == 0 && named.st_dev == locked.st_dev && named.st_ino == locked.st_ino) {
         // A regular file may hold a dead writer's bytes; anything else (a FIFO) is written as is.
-        err = S_ISREG(locked.st_mode) && ::ftruncate(fd_, 0) != 0 ? errno : 0;
-        SWAPOPT_CHECK(err == 0, "[checkpoint] cannot empty '" << tmp_ << "': " << std::strerror(err));
+        if (S_ISREG(locked.st_mode) && ::ftruncate(fd_, 0) != 0) give_up("empty", errno);
         return;
       }
-      ::close(fd_);
-      fd_ = -1;
+      release();
     }
   }
   ~AtomicFile() {  // not committed: an error left a partial file behind, removed under the lock
     if (fd_ < 0) return;
     if (!committed_) ::unlink(tmp_.c_str());
-    ::close(fd_);
+    release();
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -328,24 +325,37 @@ class AtomicFile {
     }
   }
   void commit() {
-    // The rename happens under the lock; closing the file releases it.
     int err = ::fsync(fd_) == 0 ? 0 : errno;
     if (err == 0 && std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
     SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
     committed_ = true;
-    err = ::close(fd_) == 0 ? 0 : errno;
-    fd_ = -1;
-    SWAPOPT_CHECK(err == 0, "[checkpoint] cannot commit '" << path_ << "': " << std::strerror(err));
+    const int close_err = release();
     // The rename lives in the directory: until it is synced too, a power loss may bring back the
     // previous file (or none) although this one was reported written.
     const std::string dir = std::filesystem::path(path_).parent_path().string();
     const int dir_fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     err = dir_fd < 0 || ::fsync(dir_fd) != 0 ? errno : 0;
     if (dir_fd >= 0) ::close(dir_fd);
+    SWAPOPT_CHECK(close_err == 0,
+                  "[checkpoint] '" << path_ << "' is written but closing it failed: " << std::strerror(close_err));
     SWAPOPT_CHECK(err == 0, "[checkpoint] '" << path_ << "' is written but its directory could not be synced: " << std::strerror(err));
   }
 
  private:
+  /** Unlocks and closes the file; returns close's error. Unlocked first: a child forked meanwhile
+   *  shares the lock (it belongs to the open file, which the child holds too) until it exits. */
+  int release() {
+    ::flock(fd_, LOCK_UN);
+    const int err = ::close(fd_) == 0 ? 0 : errno;
+    fd_ = -1;
+    return err;
+  }
+  /** Releases the temporary this writer locked (left as it is) and throws. */
+  [[noreturn]] void give_up(const char* doing, int err) {
+    release();
+    SWAPOPT_FAIL("[checkpoint] cannot " << doing << " '" << tmp_ << "': " << std::strerror(err));
+  }
+
   std::string path_, tmp_;
   int fd_ = -1;
   bool committed_ = false;

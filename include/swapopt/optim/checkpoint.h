@@ -31,8 +31,10 @@ struct CheckpointReadOptions {
 /** Writes a safetensors file atomically: to `path`.tmp, fsync, then rename over `path`. What no
  *  load would take is a named error before anything is written: a tensor named "__metadata__",
  *  one of more than 64 dims, one without elements whose other dims multiply past 2^32, a header
- *  (names, shapes, metadata) past 100 MiB. Saves to one path at once (threads or processes)
- *  take turns on a lock of `path`.tmp, held until the rename: each commits a whole file. */
+ *  (names, shapes, metadata) past 100 MiB. Saves to one path at once on one host (threads or
+ *  processes) take turns on an flock of `path`.tmp, held until the rename: each commits a whole
+ *  file, and a save waits, without a timeout, while another holds the lock. Across hosts (a
+ *  network file system) keep one writer per path: flock may not reach the other host. */
 void save_state_dict(const StateDict& state, const std::string& path);
 
 /** Reads a safetensors file written by save_state_dict; throws a named swapopt::Error on a short,
