@@ -1,8 +1,10 @@
 #include "operand_overlap.h"
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "swapopt/core/error.h"
 #include "view_span.h"
@@ -32,13 +34,37 @@ bool same_view(const Tensor& x, const Tensor& y) {
 Span span_if_defined(const Tensor& x) { return x.defined() ? byte_span(x) : Span{nullptr, nullptr}; }
 
 /** Whether x addresses one element through two indices: a dim of more than one element with
- *  stride 0 (torch's test; other self-overlapping strides are not looked for). A tensor without
- *  elements addresses none, whatever its strides. */
-bool repeats_elements(const Tensor& x) {
-  if (!x.defined() || x.numel() == 0) return false;
+ *  stride 0 (named as such), or strides that fold the dims onto each other ([2, 2] with strides
+ *  [1, 1]). A tensor without elements addresses none, whatever its strides. */
+enum class Repeats { no, stride_zero, folded, too_large };
+Repeats repeats_elements(const Tensor& x) {
+  if (!x.defined() || x.numel() < 2 || x.is_contiguous()) return Repeats::no;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of more than one element
   for (int64_t d = 0; d < x.dim(); ++d)
-    if (x.size(d) > 1 && x.strides()[size_t(d)] == 0) return true;
-  return false;
+    if (x.size(d) > 1) dims.emplace_back(x.strides()[size_t(d)], x.size(d));
+  std::sort(dims.begin(), dims.end());
+  if (dims.front().first == 0) return Repeats::stride_zero;
+  // Each dim, by stride, past every offset the smaller ones reach: no element twice (the common
+  // case: permuted and narrowed views). The view was checked when it was made, so no sum overflows.
+  int64_t reach = 0;
+  bool nested = true;
+  for (const auto& [stride, size] : dims) {
+    nested = nested && stride > reach;
+    reach += stride * (size - 1);
+  }
+  if (nested) return Repeats::no;
+  // Interleaved dims ([2, 3] with strides [3, 2] is fine, [2, 2] with [1, 1] is not): every
+  // offset listed, up to a bound.
+  constexpr int64_t kMostListed = int64_t(1) << 20;
+  if (x.numel() > kMostListed) return Repeats::too_large;
+  std::vector<int64_t> offsets = {0};
+  for (const auto& [stride, size] : dims) {
+    const size_t n = offsets.size();
+    for (int64_t i = 1; i < size; ++i)
+      for (size_t j = 0; j < n; ++j) offsets.push_back(offsets[j] + i * stride);
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end() ? Repeats::folded : Repeats::no;
 }
 }  // namespace
 
@@ -56,9 +82,15 @@ void check_operands_apart(const char* op, std::initializer_list<NamedOperand> ou
   const NamedOperand* const out = outputs.begin();
   const NamedOperand* const in = inputs.begin();
   for (size_t o = 0; o < outputs.size(); ++o) {
-    SWAPOPT_CHECK(!repeats_elements(out[o].tensor), "[" << op << "] " << out[o].name << " " << out[o].tensor.str()
-                                                        << " has a dim of stride 0: an output must address each of its "
-                                                           "elements once");
+    const Repeats repeats = repeats_elements(out[o].tensor);
+    SWAPOPT_CHECK(repeats == Repeats::no,
+                  "[" << op << "] " << out[o].name << " " << out[o].tensor.str()
+                      << (repeats == Repeats::stride_zero ? " has a dim of stride 0"
+                          : repeats == Repeats::folded
+                              ? " has strides " + shape_str(out[o].tensor.strides()) + " that reach one element twice"
+                              : " has interleaved strides " + shape_str(out[o].tensor.strides()) +
+                                    " and too many elements to check that none is reached twice")
+                      << ": an output must address each of its elements once");
     for (size_t other = o + 1; other < outputs.size(); ++other)
       SWAPOPT_CHECK(!overlap(spans[o], spans[other]), "[" << op << "] " << out[o].name << " and " << out[other].name
                                                           << " share memory: an op's outputs must not overlap");

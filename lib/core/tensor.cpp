@@ -116,6 +116,10 @@ Tensor Tensor::from_blob(void* ptr, const Shape& shape, const Shape& strides, DT
   SWAPOPT_CHECK(strides.size() == shape.size(), "[Tensor::from_blob] " << strides.size() << " strides for shape "
                                                                           << shape_str(shape));
   SWAPOPT_CHECK(ptr != nullptr || shape_numel(shape) == 0, "[Tensor::from_blob] null pointer for shape " << shape_str(shape));
+  // The ops load and store whole elements (vectors on the CPU, 2- to 16-byte accesses on CUDA).
+  SWAPOPT_CHECK(reinterpret_cast<uintptr_t>(ptr) % dtype_size(dtype) == 0,
+                "[Tensor::from_blob] pointer " << ptr << " is not aligned to the " << dtype_size(dtype)
+                                               << " bytes of a " << dtype_name(dtype) << " element");
   for (const int64_t stride : strides) SWAPOPT_CHECK(stride >= 0, "[Tensor::from_blob] negative stride " << stride);
   const std::optional<int64_t> span = view_span(shape, strides, dtype_size(dtype));
   SWAPOPT_CHECK(span.has_value(), "[Tensor::from_blob] strides " << shape_str(strides) << " for shape "
@@ -131,6 +135,9 @@ Tensor Tensor::on_storage(std::shared_ptr<Storage> storage, int64_t offset, cons
   check_shape(shape, "Tensor::on_storage", dtype);
   SWAPOPT_CHECK(storage != nullptr, "[Tensor::on_storage] null storage");
   SWAPOPT_CHECK(offset >= 0, "[Tensor::on_storage] offset " << offset << " is negative");
+  SWAPOPT_CHECK(reinterpret_cast<uintptr_t>(storage->data()) % dtype_size(dtype) == 0,
+                "[Tensor::on_storage] storage at " << storage->data() << " is not aligned to the " << dtype_size(dtype)
+                                                   << " bytes of a " << dtype_name(dtype) << " element");
   const size_t elements = storage->nbytes() / dtype_size(dtype);
   SWAPOPT_CHECK(size_t(offset) <= elements, "[Tensor::on_storage] offset "
                                                 << offset << " is past the end of a storage of " << elements << " "
@@ -230,13 +237,15 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   shape[i] = length;
   Tensor t = *this;
   // A view without elements addresses nothing: its offset stays (its strides may be past int64,
-  // as a dim of 0 allows, and the product with them past int64 too).
-  if (numel() > 0) t.offset_ += start * strides()[i];
+  // as a dim of 0 allows, and the product with them past int64 too; so may a size-1 dim's stride,
+  // which a range [1, 1) of it would multiply).
+  if (numel() > 0 && length > 0) t.offset_ += start * strides()[i];
   t.set_layout(std::move(shape), strides());
   return t;
 }
 
 Tensor Tensor::block(const Shape& offset, const Shape& shape) const {
+  SWAPOPT_CHECK(defined(), "[Tensor::block] undefined tensor");
   SWAPOPT_CHECK(
       offset.size() == this->shape().size() && shape.size() == this->shape().size(),
       "[Tensor::block] offset " << shape_str(offset) << " and shape " << shape_str(shape) << " for " << str());

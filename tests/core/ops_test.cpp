@@ -435,6 +435,58 @@ TEST_CASE("an output that addresses an element twice (a dim of stride 0) is refu
   CHECK(one[0] == 1.f);
 }
 
+TEST_CASE(
+    "an output whose strides fold its dims onto each other is refused, changing nothing; interleaved ones that do not "
+    "are fine") {
+  // Every small layout of 2-3 dims, strides 0-6, against a count of the offsets each element has.
+  Stream s(Device::cpu());
+  std::vector<float> memory(256, -1.f);
+  const std::vector<float> before = memory;
+  std::mt19937 gen(5);
+  int refused = 0, accepted = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int dims = 2 + int(gen() % 2);
+    Shape shape(static_cast<size_t>(dims)), strides(static_cast<size_t>(dims));
+    for (int d = 0; d < dims; ++d) {
+      shape[size_t(d)] = 1 + int64_t(gen() % 4);
+      strides[size_t(d)] = int64_t(gen() % 7);
+    }
+    const Tensor dst = Tensor::from_blob(memory.data(), shape, strides, DType::f32, Device::cpu());
+    std::vector<int> hits(memory.size(), 0);
+    bool twice = false;
+    for (int64_t i = 0; i < dst.numel(); ++i) {
+      int64_t rest = i, offset = 0;
+      for (int d = dims - 1; d >= 0; --d) {
+        offset += (rest % shape[size_t(d)]) * strides[size_t(d)];
+        rest /= shape[size_t(d)];
+      }
+      twice = twice || ++hits[size_t(offset)] > 1;
+    }
+    CAPTURE(shape_str(shape));
+    CAPTURE(shape_str(strides));
+    const Tensor src = test::random_tensor(shape, DType::f32, uint32_t(trial));
+    const std::string error = test::error_of([&] { ops::copy(s, src, dst); });
+    s.synchronize();
+    if (twice) {
+      ++refused;
+      const bool zero =
+          error.find("has a dim of stride 0: an output must address each of its elements once") != std::string::npos;
+      const bool folded =
+          error == "[copy] dst " + dst.str() + " has strides " + shape_str(strides) +
+                       " that reach one element twice: an output must address each of its elements once";
+      CHECK((zero || folded));
+      CHECK(memory == before);
+    } else {
+      ++accepted;
+      CHECK(error == "");
+      CHECK(dst.to_float_vector() == src.to_float_vector());
+      memory = before;
+    }
+  }
+  CHECK(refused > 300);
+  CHECK(accepted > 300);
+}
+
 TEST_CASE("views and norms of tensors without elements but with dims whose products pass int64") {
   // A dim of 0 allows strides past int64 (contiguous_strides saturates): views of such tensors
   // must not compute offsets from them (undefined behaviour, caught by UBSan in CI).

@@ -112,6 +112,26 @@ TEST_CASE("an error in stream work is reported by synchronize, later work is ski
   CHECK(later_ran);
 }
 
+TEST_CASE("a task that waits for its own stream fails by name instead of waiting forever") {
+  const std::string want =
+      "[Stream::synchronize] called from a task of the same stream, which would wait for itself forever (as in "
+      "CUDA, a stream's host task must not wait for its stream; a copy such as clone() or to() waits for the "
+      "default stream)";
+  Stream s(Device::cpu());
+  s.enqueue([&] { s.synchronize(); });
+  CHECK(test::error_of([&] { s.synchronize(); }) == want);
+  // A copy on the default stream, from a task of the default stream.
+  Stream& defaults = default_stream(Device::cpu());
+  const Tensor t = Tensor::from_floats({1.f, 2.f, 3.f, 4.f}, {2, 2});
+  Tensor copied;
+  defaults.enqueue([&] { copied = t.transpose(0, 1).clone(); });
+  CHECK(test::error_of([&] { defaults.synchronize(); }) == want);
+  CHECK_FALSE(copied.defined());
+  // Another stream's task may wait for it.
+  defaults.enqueue([&] { s.synchronize(); });
+  CHECK_NOTHROW(defaults.synchronize());
+}
+
 TEST_CASE("stream and event creation is counted") {
   const HandleStats before = handle_stats();
   { Stream s(Device::cpu()); Event e(Device::cpu()); }

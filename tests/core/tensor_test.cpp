@@ -1,4 +1,5 @@
 #include <limits>
+#include <sstream>
 
 #include "test_util.h"
 
@@ -68,6 +69,14 @@ TEST_CASE("sizes that overflow an int64 are named errors, never a view outside i
   const Tensor none = Tensor::empty(no_elements, DType::f32, Device::cpu());
   CHECK((none.numel() == 0 && none.is_contiguous()));
   CHECK(Tensor::zeros({3, 0}, DType::f32, Device::cpu()).transpose(0, 1).is_contiguous());  // no elements: as torch
+  // An empty range past a size-1 dim of any stride leaves the offset where it was (the product
+  // start x stride would overflow; UBSan sees it).
+  float four[4] = {1.f, 2.f, 3.f, 4.f};
+  const Tensor row = Tensor::from_blob(four, {1, 4}, {kMax, 1}, DType::f32, Device::cpu());
+  const Tensor past = row.narrow(0, 1, 0);
+  CHECK((past.numel() == 0 && past.offset() == 0 && past.data_ptr() == static_cast<void*>(four)));
+  CHECK(past.clone().numel() == 0);
+  CHECK(test::error_of([] { Tensor().block({}, {}); }) == "[Tensor::block] undefined tensor");
   CHECK(test::error_of([] { Tensor::empty_like(Tensor()); }) ==
         "[Tensor::empty_like] undefined tensor: it has no shape, dtype or device to copy");
   CHECK(test::error_of([] { Tensor::zeros_like(Tensor()); }) ==
@@ -125,6 +134,26 @@ TEST_CASE("from_blob wraps trainer memory without owning it") {
   CHECK(memory_stats(Device::cpu()).frees == before.frees);
   Tensor strided = Tensor::from_blob(owned.data(), {2, 2}, {4, 2}, DType::f32, Device::cpu());
   CHECK(strided.to_float_vector() == std::vector<float>{2.f, 1.5f, 1.5f, 1.5f});
+}
+
+TEST_CASE("memory not aligned to its dtype is refused by from_blob and on_storage, which wrap nothing") {
+  // The ops load whole elements, on CUDA in 2- to 16-byte accesses that fault when misaligned.
+  alignas(16) unsigned char bytes[64] = {};
+  void* const odd = bytes + 1;
+  std::ostringstream at;
+  at << odd;
+  CHECK(test::error_of([&] { Tensor::from_blob(odd, {8}, DType::f32, Device::cpu()); }) ==
+        "[Tensor::from_blob] pointer " + at.str() + " is not aligned to the 4 bytes of a f32 element");
+  CHECK(test::error_of([&] {
+          Tensor::from_blob(bytes + 2, {2, 2}, {1, 2}, DType::f32, Device::cpu());
+        }).find("is not aligned to the 4 bytes of a f32 element") != std::string::npos);
+  CHECK(test::error_of([&] {
+          Tensor::from_blob(odd, {8}, DType::bf16, Device::cpu());
+        }).find("is not aligned to the 2 bytes of a bf16 element") != std::string::npos);
+  CHECK(Tensor::from_blob(bytes + 2, {8}, DType::bf16, Device::cpu()).data_ptr() == bytes + 2);  // aligned for bf16
+  const auto storage = std::make_shared<Storage>(odd, 32, Device::cpu());
+  CHECK(test::error_of([&] { Tensor::on_storage(storage, 0, {4}, DType::f32); }) ==
+        "[Tensor::on_storage] storage at " + at.str() + " is not aligned to the 4 bytes of a f32 element");
 }
 
 TEST_CASE("to, clone and from_floats copy values between dtypes and layouts") {
