@@ -402,6 +402,54 @@ TEST_SUITE("swap") {
         }
   }
 
+  TEST_CASE("a zeropower_fn throwing at a param's first update keeps the momentum it made, as the bare step does") {
+    // The momentum update ran (state created, step counted) before Newton-Schulz threw: the
+    // swapped step removed that state as if the unit never ran, and the runs parted (found by a
+    // hunting helper). Whole units, packed or not, and chunked ones; the k-th NS call throws.
+    for (const std::string mode : {"unpacked", "packed", "chunked"})
+      for (int throw_at = 0; throw_at < 5; ++throw_at) {
+        CAPTURE(mode);
+        CAPTURE(throw_at);
+        const auto make = [throw_at](int* calls) {
+          MuonHooks hooks;
+          hooks.zeropower_fn = [calls, throw_at](Stream&, const Tensor&, int) {
+            if ((*calls)++ == throw_at) throw Error("zeropower_fn failed");
+          };
+          return std::make_unique<Muon>(Stream(Device::cpu()), hooks);
+        };
+        int bare_calls = 0, swap_calls = 0, sizing_calls = -1;
+        auto bare_params = big_model(4), swap_params = big_model(4), sizing_params = big_model(4);
+        auto bare = make(&bare_calls), inner = make(&swap_calls), sizing = make(&sizing_calls);
+        bare->add_param_group({bare_params[0], bare_params[1], bare_params[2], bare_params[3]});
+        inner->add_param_group({swap_params[0], swap_params[1], swap_params[2], swap_params[3]});
+        sizing->add_param_group({sizing_params[0], sizing_params[1], sizing_params[2], sizing_params[3]});
+        SwapConfig config;
+        config.packed = mode == "packed";
+        config.min_numel = 256;
+        if (mode == "chunked") {
+          const auto [state, workspace] = largest_unit(*swap_muon(*sizing, config));
+          config.device_budget_bytes = workspace + state / 10;
+        }
+        auto swapped = swap_muon(*inner, config);
+        int threw = 0;
+        for (int step = 1; step <= 3; ++step) {
+          CAPTURE(step);
+          set_grads(bare_params, step);
+          set_grads(swap_params, step);
+          const std::string bare_error = test::error_of([&] { bare->step(); });
+          const std::string swap_error = test::error_of([&] { swapped->step(); });
+          bare->stream().synchronize();
+          swapped->synchronize();
+          CHECK(bare_error == swap_error);
+          threw += bare_error.empty() ? 0 : 1;
+          CHECK(test::params_bitwise_equal(bare_params, swap_params));
+          CHECK(serialize_state_dict(bare->state_dict()) == serialize_state_dict(swapped->state_dict()));
+        }
+        CHECK(threw == 1);
+        if (mode == "chunked") CHECK(swapped->last_report().chunked_units > 0);
+      }
+  }
+
   TEST_CASE("chunked units: a failure at a chunk drains every transfer, frees the arenas, and the next step runs") {
     for (bool packed : {true, false})
       for (int fail_at : {1, 2, 5}) {

@@ -52,7 +52,7 @@ struct UpdateUnit {
    *  unit runs; the device budget and the report count the largest. */
   int64_t workspace_bytes = 0;
   std::vector<SwapSlot*> slots;             ///< filled by the runtime: swappable state the unit reads
-  bool done = false;                        ///< set by the adapter once the unit has run
+  bool done = false;                        ///< set by the adapter once the unit's state is updated
   /** The adapter can run the unit chunk by chunk (StateSwapAdapter::step_chunked): its swapped
    *  state is read and written element by element (AdamW, Muon's momentum). */
   bool chunkable = false;
