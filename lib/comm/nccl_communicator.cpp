@@ -204,7 +204,7 @@ class NcclCommunicator final : public Communicator {
     producer_point_.emplace(stream_.device());
     state_ = std::make_shared<nccl::CommState>(std::make_shared<RealApi>(), "[comm] NCCL rank " + std::to_string(rank()) +
                                                                                  " of " + std::to_string(size()));
-    ncclUniqueId id{};
+    alignas(4) ncclUniqueId id{};  // crosses the bootstrap as f32 elements (from_blob wants them aligned)
     if (bootstrap_->rank() == 0) SWAPOPT_NCCL_CHECK(ncclGetUniqueId(&id));
     const Tensor id_bytes = Tensor::from_blob(&id, {NCCL_UNIQUE_ID_BYTES / 4}, DType::f32, Device::cpu());
     bootstrap_->broadcast(id_bytes, 0)->wait();

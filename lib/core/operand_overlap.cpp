@@ -33,10 +33,13 @@ bool same_view(const Tensor& x, const Tensor& y) {
 
 Span span_if_defined(const Tensor& x) { return x.defined() ? byte_span(x) : Span{nullptr, nullptr}; }
 
+enum class Repeats { no, stride_zero, folded, too_large };
+constexpr int64_t kMostListed = int64_t(1) << 20;  // offsets listed to decide interleaved dims
+
 /** Whether x addresses one element through two indices: a dim of more than one element with
  *  stride 0 (named as such), or strides that fold the dims onto each other ([2, 2] with strides
- *  [1, 1]). A tensor without elements addresses none, whatever its strides. */
-enum class Repeats { no, stride_zero, folded, too_large };
+ *  [1, 1]); too_large when deciding would list more than kMostListed offsets. A tensor without
+ *  elements addresses none, whatever its strides. */
 Repeats repeats_elements(const Tensor& x) {
   if (!x.defined() || x.numel() < 2 || x.is_contiguous()) return Repeats::no;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of more than one element
@@ -46,19 +49,22 @@ Repeats repeats_elements(const Tensor& x) {
   if (dims.front().first == 0) return Repeats::stride_zero;
   // Each dim, by stride, past every offset the smaller ones reach: no element twice (the common
   // case: permuted and narrowed views). The view was checked when it was made, so no sum overflows.
+  // Otherwise the dims up to the last that fails this interleave ([2, 3] with strides [3, 2] is
+  // fine, [2, 2] with [1, 1] is not): their offsets are listed, up to a bound; the dims after
+  // them nest past them.
   int64_t reach = 0;
-  bool nested = true;
-  for (const auto& [stride, size] : dims) {
-    nested = nested && stride > reach;
-    reach += stride * (size - 1);
+  size_t interleaved = 0;  // the dims [0, interleaved) to list
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].first <= reach) interleaved = d + 1;
+    reach += dims[d].first * (dims[d].second - 1);
   }
-  if (nested) return Repeats::no;
-  // Interleaved dims ([2, 3] with strides [3, 2] is fine, [2, 2] with [1, 1] is not): every
-  // offset listed, up to a bound.
-  constexpr int64_t kMostListed = int64_t(1) << 20;
-  if (x.numel() > kMostListed) return Repeats::too_large;
+  if (interleaved == 0) return Repeats::no;
+  int64_t listed = 1;
+  for (size_t d = 0; d < interleaved; ++d) listed *= dims[d].second;  // at most numel()
+  if (listed > kMostListed) return Repeats::too_large;
   std::vector<int64_t> offsets = {0};
-  for (const auto& [stride, size] : dims) {
+  for (size_t d = 0; d < interleaved; ++d) {
+    const auto [stride, size] = dims[d];
     const size_t n = offsets.size();
     for (int64_t i = 1; i < size; ++i)
       for (size_t j = 0; j < n; ++j) offsets.push_back(offsets[j] + i * stride);
@@ -88,8 +94,10 @@ void check_operands_apart(const char* op, std::initializer_list<NamedOperand> ou
                       << (repeats == Repeats::stride_zero ? " has a dim of stride 0"
                           : repeats == Repeats::folded
                               ? " has strides " + shape_str(out[o].tensor.strides()) + " that reach one element twice"
-                              : " has interleaved strides " + shape_str(out[o].tensor.strides()) +
-                                    " and too many elements to check that none is reached twice")
+                              : " has interleaved strides " + shape_str(out[o].tensor.strides()) + " over more than " +
+                                    std::to_string(kMostListed) +
+                                    " elements, too many to check that none is reached twice (use a contiguous "
+                                    "output)")
                       << ": an output must address each of its elements once");
     for (size_t other = o + 1; other < outputs.size(); ++other)
       SWAPOPT_CHECK(!overlap(spans[o], spans[other]), "[" << op << "] " << out[o].name << " and " << out[other].name

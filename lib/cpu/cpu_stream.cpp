@@ -149,8 +149,7 @@ void CpuStream::synchronize() {
   // The task running now counts as pending: waiting for the stream from it would never end.
   SWAPOPT_CHECK(std::this_thread::get_id() != worker_.get_id(),
                 "[Stream::synchronize] called from a task of the same stream, which would wait for itself forever "
-                "(as in CUDA, a stream's host task must not wait for its stream; a copy such as clone() or to() "
-                "waits for the default stream)");
+                "(clone() and to() synchronise the default stream, so they cannot run in one of its tasks)");
   std::unique_lock<std::mutex> lock(queue_->mutex);
   queue_->idle_cv.wait(lock, [&] { return queue_->pending == 0; });
   if (queue_->error) {

@@ -806,13 +806,17 @@ void PipelineSwapRuntime::drain(std::span<Batch> batches) {
       case Phase::done:
         break;
     }
+    // State created this step stays where the bare step made it too: for a unit whose update ran
+    // (`done`), and per param for one whose update began (the optimizer counted the param, step >
+    // 0, then a hook threw: an HSDP assignment's later NS batch). The rest is removed.
     for (UpdateUnit& unit : b.units) {
       if (unit.done) continue;
       for (SwapSlot* s : unit.slots) {
         if (std::find(created_this_step_.begin(), created_this_step_.end(), s) == created_this_step_.end()) continue;
-        auto& tensors = optimizer_->state()[s->param].tensors;
-        tensors.erase(s->key);
-        if (tensors.empty()) optimizer_->state().erase(s->param);
+        const auto state = optimizer_->state().find(s->param);
+        if (state == optimizer_->state().end() || state->second.step > 0) continue;
+        state->second.tensors.erase(s->key);
+        if (state->second.tensors.empty()) optimizer_->state().erase(state);
         s->created = false;
       }
     }

@@ -485,6 +485,17 @@ TEST_CASE(
   }
   CHECK(refused > 300);
   CHECK(accepted > 300);
+  // Only the interleaved dims are listed: a large dim nesting past them is fine. Interleaved dims
+  // over more than 2^20 elements are refused, as too many to list.
+  std::vector<float> large(size_t(1) << 21);
+  const Tensor nested = Tensor::from_blob(large.data(), {2, 3, 200000}, {3, 2, 8}, DType::f32, Device::cpu());
+  CHECK(test::error_of([&] { ops::copy(s, Tensor::zeros(nested.shape(), DType::f32, Device::cpu()), nested); }) == "");
+  const Tensor wide = Tensor::from_blob(large.data(), {2, int64_t(1) << 20}, {1, 1}, DType::f32, Device::cpu());
+  CHECK(test::error_of([&] { ops::copy(s, Tensor::zeros(wide.shape(), DType::f32, Device::cpu()), wide); }) ==
+        "[copy] dst " + wide.str() +
+            " has interleaved strides [1, 1] over more than 1048576 elements, too many to check that none is "
+            "reached twice (use a contiguous output): an output must address each of its elements once");
+  s.synchronize();
 }
 
 TEST_CASE("views and norms of tensors without elements but with dims whose products pass int64") {

@@ -114,9 +114,8 @@ TEST_CASE("an error in stream work is reported by synchronize, later work is ski
 
 TEST_CASE("a task that waits for its own stream fails by name instead of waiting forever") {
   const std::string want =
-      "[Stream::synchronize] called from a task of the same stream, which would wait for itself forever (as in "
-      "CUDA, a stream's host task must not wait for its stream; a copy such as clone() or to() waits for the "
-      "default stream)";
+      "[Stream::synchronize] called from a task of the same stream, which would wait for itself forever (clone() "
+      "and to() synchronise the default stream, so they cannot run in one of its tasks)";
   Stream s(Device::cpu());
   s.enqueue([&] { s.synchronize(); });
   CHECK(test::error_of([&] { s.synchronize(); }) == want);

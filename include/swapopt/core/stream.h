@@ -41,12 +41,14 @@ class Stream {
    *  on its own stream (its synchronize() throws it), it does not reach this one. */
   void wait(const Event& event);
   /** Blocks the host until all enqueued work is done; rethrows the first error raised by CPU work
-   *  (once). On a CPU stream the work queued after a failed task is skipped until then. */
+   *  (once). On a CPU stream the work queued after a failed task is skipped until then. Called
+   *  from one of the stream's own tasks it throws instead of waiting for itself forever. */
   void synchronize();
   /** cudaStream_t for CUDA streams; for CPU streams the queue (what borrow() takes). */
   void* native_handle() const;
   /** CPU only: runs `fn` on the worker thread after everything enqueued before it (skipped if an
-   *  earlier task failed and synchronize() has not reported it yet). */
+   *  earlier task failed and synchronize() has not reported it yet). `fn` must not synchronise
+   *  this stream, nor copy through the default stream (clone(), to()) when this is it. */
   void enqueue(std::function<void()> fn);
   /** The backend object behind the handle, for swapopt's backends (StreamImpl is only declared
    *  in the public headers). */

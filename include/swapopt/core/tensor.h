@@ -48,11 +48,14 @@ class Tensor {
   static Tensor empty_like(const Tensor& other);
   /** zeros() with `other`'s shape, dtype and device (contiguous); throws for an undefined `other`. */
   static Tensor zeros_like(const Tensor& other);
-  /** Wraps trainer-owned memory without owning it; the caller keeps `ptr` alive. */
+  /** Wraps trainer-owned memory without owning it; the caller keeps `ptr` alive. `ptr` must be
+   *  aligned to the dtype's element size ("[Tensor::from_blob] pointer 0x... is not aligned to the
+   *  4 bytes of a f32 element"). */
   static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device);
   /** Strided variant; `strides` in elements. */
   static Tensor from_blob(void* ptr, const Shape& shape, const Shape& strides, DType dtype, Device device);
-  /** A contiguous tensor on `storage` at element `offset`; used to carve views of one arena. */
+  /** A contiguous tensor on `storage` at element `offset`; used to carve views of one arena. The
+   *  storage's memory must be aligned to the dtype's element size. */
   static Tensor on_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, DType dtype);
 
   /** False for a default-constructed tensor (no storage). */
