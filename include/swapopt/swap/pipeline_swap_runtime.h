@@ -139,9 +139,9 @@ class PipelineSwapRuntime {
   /** Runs the step: each batch's slots are device-resident exactly while `adapter.step_batch`
    *  runs it; a chunked unit's state streams through two staging arenas, one chunk at a time,
    *  inside `adapter.step_chunked`. On an exception every transfer is drained, every slot is left
-   *  host-resident (units that ran hold their new state, the others their old; state created for
-   *  a unit that never ran is removed again, as the bare step would never have made it) and the
-   *  exception is rethrown. */
+   *  host-resident (units that ran hold their new state, the others their old; state created this
+   *  step is removed again for each param the optimizer never counted, step 0, as the bare step
+   *  would never have made it) and the exception is rethrown. */
   void run(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes, StateSwapAdapter& adapter);
   /** Issues the H2D of the first batches of a planned step now; run() continues from there when
    *  its first batches are the same, and otherwise waits for these copies and starts afresh. */
@@ -303,7 +303,7 @@ class PipelineSwapRuntime {
   std::array<std::array<std::shared_ptr<Storage>, 3>, kInFlight> arenas_;  // packed staging, [parity][dtype]
   std::unique_ptr<EarlyPrefetch> early_;
   Optimizer* optimizer_ = nullptr;             // whose state the slots are (set by build)
-  std::vector<SwapSlot*> created_this_step_;   // found by attach_slots, made by run(); undone if their unit never runs
+  std::vector<SwapSlot*> created_this_step_;   // found by attach_slots, made by run(); undone if never counted
 
   SwapStepReport report_;
   size_t resident_now_ = 0;
