@@ -27,9 +27,9 @@ struct NamedOperand {
  *  threads or in vectors: an output may be the very same view as an input (in place), and must
  *  otherwise share no memory with any other operand, nor address an element twice itself (a dim
  *  of stride 0: "[op] y Tensor(...) has a dim of stride 0: ...", or strides that fold its dims
- *  onto each other: "... has strides [1, 1] that reach one element twice: ..."). Throws "[op] y and x share memory
- * without being the same view ..." or "[op] exp_avg and exp_avg_sq share memory: ...". Undefined tensors are skipped.
- */
+ *  onto each other: "... has strides [1, 1] that reach one element twice: ..."). Throws "[op] y
+ *  and x share memory without being the same view ..." or "[op] exp_avg and exp_avg_sq share
+ *  memory: ...". Undefined tensors are skipped. */
 void check_operands_apart(const char* op, std::initializer_list<NamedOperand> outputs,
                           std::initializer_list<NamedOperand> inputs);
 
