@@ -78,10 +78,8 @@ void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
       continue;
     }
     // The step's checks covered the unit's params: the unchecked bodies of the public pieces.
-    const Tensor input = muon_.stacked_momentum(unit.group, unit.params);
-    // The state is updated (and counted): a hook throwing from here on leaves it, as in the bare step.
-    unit.done = true;
-    muon_.orthogonalize_and_apply(unit.group, unit.params, input);
+    muon_.orthogonalize_and_apply(unit.group, unit.params, muon_.stacked_momentum(unit.group, unit.params));
+    unit.done = true;  // the state is updated; a throwing hook below no longer undoes it
     if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
   }
 }
@@ -107,8 +105,8 @@ void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_s
   }
   const Tensor input = muon_.allocate_ns_input(unit.group, unit.params);
   write_momentum(muon_.ns_input_parts(input, unit.params));
-  unit.done = true;                                               // the state is updated, as in step_batch
   muon_.orthogonalize_and_apply(unit.group, unit.params, input);  // the step's checks covered them
+  unit.done = true;
   if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);
 }
 
