@@ -382,27 +382,19 @@ void Muon::update_params(size_t group, const std::vector<Param*>& params, const 
 }
 
 void Muon::update_local(size_t group, const std::vector<Param*>& params, const MomentumWriter& write_momentum) {
-  if (!write_momentum) {
-    for (const std::vector<Param*>& shape_group : group_by_shape(params))
-      for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group))
-        orthogonalize_and_apply(group, batch, stacked_momentum(group, batch));
-    return;
-  }
-  // Every batch's NS input first, all written by one call, then Newton-Schulz batch by batch.
-  std::vector<std::vector<Param*>> batches;
-  std::vector<Tensor> stacked;
-  std::unordered_map<const Param*, Tensor> input_of;
+  // Batch by batch, its momentum written just before its Newton-Schulz: a hook throwing there
+  // leaves the later batches' momentum as it was, with a writer (a chunked swap) or without.
   for (const std::vector<Param*>& shape_group : group_by_shape(params))
-    for (std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group)) {
-      stacked.push_back(new_ns_input(group, batch));
-      const std::vector<Tensor> parts = ns_input_parts(stacked.back(), batch);
-      for (size_t i = 0; i < batch.size(); ++i) input_of.emplace(batch[i], parts[i]);
-      batches.push_back(std::move(batch));
+    for (const std::vector<Param*>& batch : split_into_memory_safe_batches(group, shape_group)) {
+      const Tensor input = new_ns_input(group, batch);
+      const std::vector<Tensor> parts = ns_input_parts(input, batch);
+      if (write_momentum) {
+        write_momentum(batch, parts);
+      } else {
+        fill_momentum(group, batch, parts);
+      }
+      orthogonalize_and_apply(group, batch, input);
     }
-  std::vector<Tensor> inputs;
-  for (const Param* p : params) inputs.push_back(input_of.at(p));
-  write_momentum(inputs);
-  for (size_t k = 0; k < batches.size(); ++k) orthogonalize_and_apply(group, batches[k], stacked[k]);
 }
 
 void Muon::set_options(size_t group, const MuonOptions& options) { set_group_options(options_, group, options, name_); }

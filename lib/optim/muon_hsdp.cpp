@@ -347,7 +347,7 @@ void Muon::update_sharded(const HsdpAssignment& a, const std::vector<Param*>& pa
   for (size_t i = 0; i < params.size(); ++i)
     inputs.push_back(send.narrow(0, pieces[i][me].packed, params[i]->data.numel()).view(params[i]->data.shape()));
   if (write_momentum) {
-    write_momentum(inputs);
+    write_momentum(params, inputs);
   } else {
     fill_momentum(a.group, params, inputs);
   }

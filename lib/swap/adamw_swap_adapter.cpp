@@ -47,7 +47,7 @@ void AdamWSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
 }
 
 void AdamWSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_state) {
-  stream_state([&](const StateChunk& chunk) {
+  stream_state(unit.params, [&](const StateChunk& chunk) {
     adamw_.apply_update_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
   });
   unit.done = true;

@@ -85,12 +85,12 @@ void MuonSwapAdapter::step_batch(std::span<UpdateUnit> batch) {
 }
 
 void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_state) {
-  // Writes the unit's NS inputs (one per param, in unit.params order) chunk by chunk.
-  const Muon::MomentumWriter write_momentum = [&](const std::vector<Tensor>& inputs) {
-    stream_state([&](const StateChunk& chunk) {
-      const size_t i = size_t(std::find(unit.params.begin(), unit.params.end(), chunk.param) - unit.params.begin());
-      SWAPOPT_CHECK(i < inputs.size(), "[swap] a chunk of '" << chunk.param->name << "', which is not in its unit");
-      const Tensor& input = inputs[i];
+  // Writes the NS inputs of some of the unit's params (one NS batch's, or all), chunk by chunk.
+  const Muon::MomentumWriter write_momentum = [&](const std::vector<Param*>& params,
+                                                  const std::vector<Tensor>& inputs) {
+    stream_state(params, [&](const StateChunk& chunk) {
+      const size_t i = size_t(std::find(params.begin(), params.end(), chunk.param) - params.begin());
+      const Tensor& input = inputs[i];  // the runtime streams only the params given
       const auto staged = chunk.staged.find("momentum_buffer");
       muon_.chunk_momentum(unit.group, *chunk.param, chunk.begin, chunk.end,
                            staged != chunk.staged.end() ? staged->second : Tensor(),
@@ -104,7 +104,7 @@ void MuonSwapAdapter::step_chunked(UpdateUnit& unit, const StateStream& stream_s
     return;
   }
   const Tensor input = muon_.allocate_ns_input(unit.group, unit.params);
-  write_momentum(muon_.ns_input_parts(input, unit.params));
+  write_momentum(unit.params, muon_.ns_input_parts(input, unit.params));
   muon_.orthogonalize_and_apply(unit.group, unit.params, input);  // the step's checks covered them
   unit.done = true;
   if (!unit.post_update_params.empty()) muon_.run_post_update(unit.group, unit.post_update_params);

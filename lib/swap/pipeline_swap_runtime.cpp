@@ -272,11 +272,12 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_batches(std::s
 
 std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_chunks(const Batch& unit_batch) const {
   const UpdateUnit& unit = unit_batch.units.front();
+  std::unordered_map<const Param*, std::vector<SwapSlot*>> slots_of;  // in the unit's order
+  for (SwapSlot* s : unit_batch.slots)
+    if (s->nbytes() > 0) slots_of[s->param].push_back(s);  // an empty state has no bytes to stage
   std::vector<Batch> chunks;
   for (Param* p : unit.params) {
-    std::vector<SwapSlot*> slots;  // the param's, in the unit's order; an empty state has no bytes to stage
-    for (SwapSlot* s : unit_batch.slots)
-      if (s->param == p && s->nbytes() > 0) slots.push_back(s);
+    const std::vector<SwapSlot*>& slots = slots_of[p];
     const int64_t numel = p->data.numel();
     for (int64_t begin = 0; begin == 0 || begin < numel; begin += unit.chunk_elements) {
       Batch c;
@@ -286,7 +287,6 @@ std::vector<PipelineSwapRuntime::Batch> PipelineSwapRuntime::make_chunks(const B
       c.chunk_param = p;
       c.chunk_begin = begin;
       c.chunk_end = std::min(numel, begin + unit.chunk_elements);
-      c.parity = chunks.size() % kChunkArenas;
       c.arena_offsets.assign(slots.size(), 0);
       for (size_t i = 0; i < slots.size(); ++i) {
         const SwapSlot& s = *slots[i];
@@ -751,12 +751,22 @@ void PipelineSwapRuntime::run_packed(std::span<Batch> batches, const BatchStep& 
 void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapter) {
   UpdateUnit& unit = unit_batch.units.front();
   unit_batch.phase = Phase::done;  // its transfers are the chunks', drained here on an exception
-  std::vector<Batch> chunks = make_chunks(unit_batch);
-  bool streamed = false;
-  adapter.step_chunked(unit, [&](const StateSwapAdapter::ChunkStep& step) {
-    SWAPOPT_CHECK(!streamed, "[swap] a chunked unit streams its state once per step");
-    streamed = true;
-    allocate_arenas(chunks);
+  std::vector<Batch> chunks = make_chunks(unit_batch);                    // per param, in the unit's order
+  std::unordered_map<const Param*, std::pair<size_t, size_t>> chunks_of;  // [begin, end) in `chunks`
+  for (size_t i = 0; i < chunks.size(); ++i)
+    chunks_of.try_emplace(chunks[i].chunk_param, i, i).first->second.second = i + 1;
+  adapter.step_chunked(unit, [&](const std::vector<Param*>& params, const StateSwapAdapter::ChunkStep& step) {
+    std::vector<Batch> part;  // the chunks of `params`, in that order, each param's taken once
+    for (const Param* p : params) {
+      const auto it = chunks_of.find(p);
+      SWAPOPT_CHECK(it != chunks_of.end(), "[swap] a chunked unit streams the state of '"
+                                               << p->name
+                                               << "', which is not its own or was streamed already this step");
+      for (size_t i = it->second.first; i < it->second.second; ++i) part.push_back(std::move(chunks[i]));
+      chunks_of.erase(it);
+    }
+    for (size_t i = 0; i < part.size(); ++i) part[i].parity = i % kChunkArenas;
+    allocate_arenas(part);
     const BatchStep step_chunk = [&](Batch& c, size_t) {
       StateChunk chunk;
       chunk.param = c.chunk_param;
@@ -772,12 +782,15 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
       step(chunk);
     };
     try {
-      run_packed(chunks, step_chunk, kChunkArenas);
+      run_packed(part, step_chunk, kChunkArenas);
     } catch (...) {
-      drain(chunks);
+      drain(part);
       throw;
     }
   });
+  for (const Param* p : unit.params)  // in the unit's order, so the error names the first one missed
+    SWAPOPT_CHECK(!chunks_of.contains(p),
+                  "[swap] a chunked unit's update did not stream the state of '" << p->name << "'");
 }
 
 void PipelineSwapRuntime::drain(std::span<Batch> batches) {

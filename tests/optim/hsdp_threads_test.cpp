@@ -592,57 +592,64 @@ TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update kee
   // One replicated assignment of two NS batches (two core shapes) on a 1x1 mesh: the hook throws
   // at the k-th NS call of step 1, after the optimizer created and counted the momentum of the
   // params before it. The swapped step removed all of the assignment's new state (found by a
-  // hunting helper); it keeps each param's the bare step kept.
-  for (int throw_at = 0; throw_at < 2; ++throw_at) {
-    CAPTURE(throw_at);
-    auto world = std::make_shared<test::ThreadWorld>();
-    auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", 0, 1);
-    auto mesh =
-        std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
-    const auto model = [&] {
-      std::vector<ParamPtr> params;
-      const Shape shapes[] = {{64, 48}, {32, 40}};
-      for (uint32_t i = 0; i < 2; ++i) {
-        ParamPtr p = make_param("w" + std::to_string(i), test::random_tensor(shapes[i], DType::f32, 10 + i));
-        p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
-        params.push_back(p);
-      }
-      return params;
-    };
-    const auto hooks = [throw_at](int* calls) {
-      MuonHooks h;
-      h.zeropower_fn = [calls, throw_at](Stream&, const Tensor&, int) {
-        if ((*calls)++ == throw_at) throw Error("zeropower_fn failed");
+  // hunting helper); it keeps each param's the bare step kept. Chunked (a budget below the
+  // assignment's state plus workspace), its momentum streams NS batch by NS batch: written for all
+  // batches before the first Newton-Schulz, a throw left the later batch's momentum advanced.
+  for (const bool chunked : {false, true})
+    for (int throw_at = 0; throw_at < 2; ++throw_at) {
+      CAPTURE(chunked);
+      CAPTURE(throw_at);
+      auto world = std::make_shared<test::ThreadWorld>();
+      auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", 0, 1);
+      auto mesh =
+          std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
+      const auto model = [&] {
+        std::vector<ParamPtr> params;
+        const Shape shapes[] = {{64, 48}, {32, 40}};
+        for (uint32_t i = 0; i < 2; ++i) {
+          ParamPtr p = make_param("w" + std::to_string(i), test::random_tensor(shapes[i], DType::f32, 10 + i));
+          p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
+          params.push_back(p);
+        }
+        return params;
       };
-      return h;
-    };
-    int bare_calls = 0, swap_calls = 0;
-    auto bare_params = model(), swap_params = model();
-    Muon bare(Stream(Device::cpu()), hooks(&bare_calls)), inner(Stream(Device::cpu()), hooks(&swap_calls));
-    bare.add_param_group(bare_params);
-    inner.add_param_group(swap_params);
-    HsdpOptions options;
-    options.name = "bare";
-    bare.enable_hsdp(comm, options);
-    options.name = "swapped";
-    inner.enable_hsdp(comm, options);
-    auto swapped = swap_muon(inner, {.min_numel = 1});
-    for (int step = 1; step <= 3; ++step) {
-      CAPTURE(step);
-      for (size_t i = 0; i < bare_params.size(); ++i) {
-        bare_params[i]->grad =
-            test::random_tensor(bare_params[i]->data.shape(), DType::f32, 100 * uint32_t(step) + uint32_t(i));
-        swap_params[i]->grad = bare_params[i]->grad.clone();
+      const auto hooks = [throw_at](int* calls) {
+        MuonHooks h;
+        h.zeropower_fn = [calls, throw_at](Stream&, const Tensor&, int) {
+          if ((*calls)++ == throw_at) throw Error("zeropower_fn failed");
+        };
+        return h;
+      };
+      int bare_calls = 0, swap_calls = 0;
+      auto bare_params = model(), swap_params = model();
+      Muon bare(Stream(Device::cpu()), hooks(&bare_calls)), inner(Stream(Device::cpu()), hooks(&swap_calls));
+      bare.add_param_group(bare_params);
+      inner.add_param_group(swap_params);
+      HsdpOptions options;
+      options.name = "bare";
+      bare.enable_hsdp(comm, options);
+      options.name = "swapped";
+      inner.enable_hsdp(comm, options);
+      SwapConfig config{.min_numel = 1};
+      if (chunked) config.device_budget_bytes = 80000;
+      auto swapped = swap_muon(inner, config);
+      for (int step = 1; step <= 3; ++step) {
+        CAPTURE(step);
+        for (size_t i = 0; i < bare_params.size(); ++i) {
+          bare_params[i]->grad =
+              test::random_tensor(bare_params[i]->data.shape(), DType::f32, 100 * uint32_t(step) + uint32_t(i));
+          swap_params[i]->grad = bare_params[i]->grad.clone();
+        }
+        const std::string bare_error = test::error_of([&] { bare.step(); });
+        const std::string swap_error = test::error_of([&] { swapped->step(); });
+        bare.stream().synchronize();
+        swapped->synchronize();
+        CHECK(bare_error == (step == 1 ? "zeropower_fn failed" : ""));
+        CHECK(swap_error == bare_error);
+        for (size_t i = 0; i < bare_params.size(); ++i)
+          CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
+        CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
+        if (step > 1) CHECK(swapped->last_report().chunked_units == (chunked ? 1 : 0));
       }
-      const std::string bare_error = test::error_of([&] { bare.step(); });
-      const std::string swap_error = test::error_of([&] { swapped->step(); });
-      bare.stream().synchronize();
-      swapped->synchronize();
-      CHECK(bare_error == (step == 1 ? "zeropower_fn failed" : ""));
-      CHECK(swap_error == bare_error);
-      for (size_t i = 0; i < bare_params.size(); ++i)
-        CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
-      CHECK(serialize_state_dict(bare.state_dict()) == serialize_state_dict(swapped->state_dict()));
     }
-  }
 }

@@ -105,7 +105,7 @@ class FailingChunks : public AdamWSwapAdapter {
  public:
   FailingChunks(AdamW& adamw, int* fail_at) : AdamWSwapAdapter(adamw), adamw_(adamw), fail_at_(fail_at) {}
   void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override {
-    stream_state([&](const StateChunk& chunk) {
+    stream_state(unit.params, [&](const StateChunk& chunk) {
       if (*fail_at_ > 0 && --*fail_at_ == 0) throw Error("injected chunk failure");
       adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
     });
@@ -115,6 +115,29 @@ class FailingChunks : public AdamWSwapAdapter {
  private:
   AdamW& adamw_;
   int* fail_at_;
+};
+
+/** AdamW's adapter with a bug in how it streams a chunked unit's state: once too often, not at
+ *  all, or another unit's param. */
+class MisstreamingChunks : public AdamWSwapAdapter {
+ public:
+  enum class Bug { twice, never, foreign };
+  MisstreamingChunks(AdamW& adamw, Bug bug, Param* foreign)
+      : AdamWSwapAdapter(adamw), adamw_(adamw), bug_(bug), foreign_(foreign) {}
+  void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override {
+    const auto update = [&](const StateChunk& chunk) {
+      adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+    };
+    if (bug_ == Bug::foreign) stream_state({foreign_}, update);
+    if (bug_ != Bug::never) stream_state(unit.params, update);
+    if (bug_ == Bug::twice) stream_state(unit.params, update);
+    unit.done = true;
+  }
+
+ private:
+  AdamW& adamw_;
+  Bug bug_;
+  Param* foreign_;
 };
 
 /** AdamW's adapter, but no unit may run in chunks. */
@@ -481,6 +504,28 @@ TEST_SUITE("swap") {
         swapped.synchronize();
         CHECK(memory_stats(Device::cpu()).current_bytes == device_bytes);
       }
+  }
+
+  TEST_CASE("chunked units: an adapter streaming a param twice, never, or not its own gets the runtime's error") {
+    using Bug = MisstreamingChunks::Bug;
+    for (Bug bug : {Bug::twice, Bug::never, Bug::foreign}) {
+      CAPTURE(int(bug));
+      auto params = big_model(9);
+      AdamW adamw{Stream(Device::cpu())};
+      adamw.add_param_group({params[0], params[1]});
+      SwapConfig c;
+      c.min_numel = 256;
+      c.device_budget_bytes = 16 * 1024;  // every unit chunked
+      SwapOptimizer swapped(std::make_unique<MisstreamingChunks>(adamw, bug, params[1].get()), c);
+      set_grads(params, 1);
+      const std::string expected =
+          bug == Bug::never   ? "[swap] a chunked unit's update did not stream the state of '" + params[0]->name + "'"
+          : bug == Bug::twice ? "[swap] a chunked unit streams the state of '" + params[0]->name +
+                                    "', which is not its own or was streamed already this step"
+                              : "[swap] a chunked unit streams the state of '" + params[1]->name +
+                                    "', which is not its own or was streamed already this step";
+      CHECK(test::error_of([&] { swapped.step(); }) == expected);
+    }
   }
 
   TEST_CASE("plans: the packed need can rise with the batch count, and the plan still finds the count that fits") {

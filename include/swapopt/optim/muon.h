@@ -164,15 +164,16 @@ class Muon : public Optimizer {
   /** Params of `group` updated locally: all of them without HSDP (a sharded one is an error then),
    *  those without a layout with it. */
   std::vector<Param*> local_params(size_t group) const;
-  /** Writes the NS input of each param (`inputs[i]`, shaped like `params[i]`'s data) in place of
-   *  momentum_into: the swap adapter streams a chunked unit's momentum through it. */
-  using MomentumWriter = std::function<void(const std::vector<Tensor>& inputs)>;
+  /** Writes the NS input of each of `params` (`inputs[i]`, shaped like `params[i]`'s data) in
+   *  place of momentum_into: the swap adapter streams a chunked unit's momentum through it. */
+  using MomentumWriter = std::function<void(const std::vector<Param*>& params, const std::vector<Tensor>& inputs)>;
   /** Momentum, Newton-Schulz and update of `params` (owned params of `assignment` with grads;
    *  the same list on every rank of the shard group). Sharded: all-gather, NS by the computing
    *  ranks, broadcast of the updates (one group), each rank's slice applied, all ordered on the
    *  stream without a host wait (finish_hsdp_step waits for the collectives). With
-   *  `write_momentum`, every NS input of the assignment is allocated first and written by it,
-   *  once (the same bits as momentum_into). */
+   *  `write_momentum`, it writes the NS inputs (the same bits as momentum_into): of all `params`
+   *  in one call when sharded (they go into one all-gather), else of each memory-safe batch just
+   *  before its Newton-Schulz, one call per batch, as the momentum is made without it. */
   void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                          const MomentumWriter& write_momentum = {});
   /** After update_assignment: post_update_fn for `owned_with_grad`, then the broadcast of every

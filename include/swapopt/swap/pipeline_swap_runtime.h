@@ -206,7 +206,8 @@ class PipelineSwapRuntime {
 
   std::vector<Batch> make_batches(std::span<UpdateUnit> units, const std::vector<size_t>& batch_sizes) const;
   /** The chunks of a chunked unit's batch, in order: each param's [0, numel) cut every
-   *  chunk_elements, each slot's piece 64-byte aligned in the arena. */
+   *  chunk_elements, each slot's piece 64-byte aligned in the arena (its arena, `parity`, is
+   *  chosen when it streams). */
   std::vector<Batch> make_chunks(const Batch& unit_batch) const;
   /** Staging bytes (its kChunkArenas arenas) a unit needs in chunks of `elements`. */
   size_t chunk_arena_bytes(const UpdateUnit& unit, int64_t elements) const;
@@ -250,8 +251,8 @@ class PipelineSwapRuntime {
   void run_unpacked(std::span<Batch> batches, const BatchStep& step);
   /** Packed: batch i in arena i % `ring`; its reload waits for the offload of batch i - ring. */
   void run_packed(std::span<Batch> batches, const BatchStep& step, size_t ring);
-  /** A chunked unit: the adapter's step_chunked, whose state stream runs the chunks through
-   *  kChunkArenas arenas on run_packed's schedule. */
+  /** A chunked unit: the adapter's step_chunked, whose state stream (once, or in parts of the
+   *  unit's params) runs their chunks through kChunkArenas arenas on run_packed's schedule. */
   void run_chunked(Batch& unit_batch, StateSwapAdapter& adapter);
   /** True when the early prefetch covers `batches`' first batches (then adopted), else it is undone. */
   bool adopt_early_prefetch(std::vector<Batch>& batches);

@@ -39,13 +39,16 @@ class StateSwapAdapter {
   virtual void step_batch(std::span<UpdateUnit> batch) = 0;
   /** Updates one chunk of a chunked unit's state. */
   using ChunkStep = std::function<void(const StateChunk& chunk)>;
-  /** Streams a chunked unit's state through the device, calling its argument for every chunk: the
-   *  unit's params in order, each param's chunks covering [0, numel) in order (at least one, also
-   *  for an empty param), each chunk's `staged` state device-resident while the call runs. */
-  using StateStream = std::function<void(const ChunkStep& step)>;
+  /** Streams the state of `params` (params of the unit) through the device, calling `step` for
+   *  every chunk: the params in the order given, each param's chunks covering [0, numel) in order
+   *  (at least one, also for an empty param), each chunk's `staged` state device-resident while
+   *  the call runs. */
+  using StateStream = std::function<void(const std::vector<Param*>& params, const ChunkStep& step)>;
   /** Runs a chunked unit (UpdateUnit::chunk_elements > 0; only units planned chunkable): the
-   *  unit's update, calling `stream_state` once, where it reads and writes the state, and setting
-   *  `done`. The default throws: an adapter that marks no unit chunkable needs none. */
+   *  unit's update, calling `stream_state` where it reads and writes the state, once or in parts
+   *  (each param of the unit streamed once, e.g. each Newton-Schulz batch's params just before it
+   *  runs), and setting `done`. The default throws: an adapter that marks no unit chunkable needs
+   *  none. */
   virtual void step_chunked(UpdateUnit& unit, const StateStream& stream_state);
   /** After the last batch (e.g. waits for broadcasts). */
   virtual void finish_step() {}
