@@ -144,7 +144,7 @@ struct AdamWScalars {
 
 /** torch.optim.AdamW's single-tensor update of one element, in its order: p *= decay;
  *  m = lerp(m, g, 1-b1); v = v*b2 + ((1-b2)*g)*g; [vmax = max(vmax, v), used in v's place];
- *  p += neg_step_size * (m / (sqrt(v)/bc2_sqrt + eps)). Returns the new param; `vmax` null
+ *  p += (neg_step_size * m) / (sqrt(v)/bc2_sqrt + eps). Returns the new param; `vmax` null
  *  without amsgrad. */
 SWAPOPT_HOST_DEVICE float adamw(float p, float g, float& m, float& v, float* vmax, const AdamWScalars& k) {
   p = p * k.decay;
@@ -158,7 +158,7 @@ SWAPOPT_HOST_DEVICE float adamw(float p, float g, float& m, float& v, float* vma
   const float root = __builtin_sqrtf(second);
 #endif
   const float denom = root / k.bias_correction2_sqrt + k.eps;
-  return p + k.neg_step_size * (m / denom);
+  return p + (k.neg_step_size * m) / denom;  // addcdiv's order: (value * t1) / t2
 }
 
 }  // namespace swapopt::formula

@@ -22,7 +22,7 @@ using AdamWScalars = formula::AdamWScalars;
 
 /** torch.optim.AdamW's single-tensor update, in its order:
  *  p *= decay; m = lerp(m, g, 1-b1); v = v*b2 + ((1-b2)*g)*g; [vmax = max(vmax, v); use vmax];
- *  p += neg_step_size * (m / (sqrt(v)/bc2_sqrt + eps)). out_max_exp_avg_sq may be undefined
+ *  p += (neg_step_size * m) / (sqrt(v)/bc2_sqrt + eps). out_max_exp_avg_sq may be undefined
  *  (no amsgrad). State tensors f32; param and grad any dtype. */
 void adamw_update(Stream& stream, const Tensor& out_param, const Tensor& grad, const Tensor& out_exp_avg,
                   const Tensor& out_exp_avg_sq, const Tensor& out_max_exp_avg_sq, const AdamWScalars& scalars);
