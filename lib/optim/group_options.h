@@ -64,7 +64,8 @@ void validate_group(const Options& options, size_t group, const std::string& opt
 }
 
 /** The options `read()` parses from a checkpoint's group `group`, validated; any error names both:
- *  "[checkpoint] group 1: [AdamW] beta1 ...", "[checkpoint] group 0: [Muon] unknown option 'x'". */
+ *  "[checkpoint] group 1: [AdamW] beta1 ...", "[checkpoint] group 0: [Muon] unknown option 'x'",
+ *  "[checkpoint] group 0: metadata: ns_steps must be an integer". */
 template <typename Read>
 auto read_checkpoint_group(size_t group, const Read& read) {
   try {
@@ -72,7 +73,9 @@ auto read_checkpoint_group(size_t group, const Read& read) {
     options.validate();
     return options;
   } catch (const Error& e) {
-    SWAPOPT_FAIL("[checkpoint] group " << group << ": " << e.what());
+    std::string why = e.what();
+    if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // a metadata error: "[checkpoint]" said once
+    SWAPOPT_FAIL("[checkpoint] group " << group << ": " << why);
   }
 }
 

@@ -564,9 +564,13 @@ std::function<void()> Optimizer::prepare_load(
     SWAPOPT_CHECK(indices.size() == groups_[g].params.size(), "[checkpoint] group " << g << " has " << indices.size()
                                                                                     << " params, the optimizer's "
                                                                                     << groups_[g].params.size());
-    for (size_t i = 0; i < indices.size(); ++i)
-      SWAPOPT_CHECK(json::get_int(indices[i], what + ".params") == int64_t(by_index.size() + i),
-                    "[checkpoint] group " << g << " lists params out of order");
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const int64_t index = json::get_int(indices[i], what + ".params");
+      SWAPOPT_CHECK(index == int64_t(by_index.size() + i),
+                    "[checkpoint] group " << g << " lists param " << index << " at position " << i << ", where param "
+                                          << by_index.size() + i
+                                          << " belongs (each param once, numbered across the groups in order)");
+    }
     for (const ParamPtr& p : groups_[g].params) by_index.push_back(p.get());
     const int64_t step = json::get_int(json::member(groups[g], "step", what), what + ".step");
     SWAPOPT_CHECK(step >= 0, "[checkpoint] group " << g << " has negative step " << step);

@@ -131,6 +131,16 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   REQUIRE(ns != std::string::npos);
   huge_steps.metadata.replace(ns, 12, "\"ns_steps\":4294967301");
   expect_rejected(huge_steps, "[checkpoint] group 0: [Muon] ns_steps must be <= 1000, got 4294967301");
+  StateDict fractional_steps = good;
+  fractional_steps.metadata.replace(ns, 12, "\"ns_steps\":5.5");
+  expect_rejected(fractional_steps, "[checkpoint] group 0: metadata: ns_steps must be an integer");
+  StateDict twice = good;  // param 1 listed twice, param 0 not at all
+  const size_t listed = twice.metadata.find("\"params\":[0,1]");
+  REQUIRE(listed != std::string::npos);
+  twice.metadata.replace(listed, 14, "\"params\":[1,1]");
+  expect_rejected(twice,
+                  "[checkpoint] group 0 lists param 1 at position 0, where param 0 belongs (each param once, "
+                  "numbered across the groups in order)");
   StateDict fp8 = good;
   const size_t d = fp8.metadata.find("\"ns_dtype\":null");
   REQUIRE(d != std::string::npos);
