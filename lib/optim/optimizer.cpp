@@ -152,6 +152,8 @@ void Optimizer::add_group(std::vector<ParamPtr> params) {
                   "[" << name_ << "] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined() && p->data.is_contiguous(),
                   "[" << name_ << "] parameter '" << p->name << "' must be a defined contiguous tensor");
+    SWAPOPT_CHECK(!p->data.is_released(),
+                  "[" << name_ << "] parameter '" << p->name << "' has no data (its storage is released)");
     SWAPOPT_CHECK(p->data.device() == device(), "[" << name_ << "] parameter '" << p->name << "' is on "
                                                     << p->data.device().str() << ", the optimizer on " << device().str());
   }

@@ -130,6 +130,8 @@ MuonWithAdamW::MuonWithAdamW(Stream stream, const std::vector<ParamPtr>& params,
                   "[MuonWithAdamW] two parameters are named '" << p->name << "' (checkpoints name each param's state)");
     SWAPOPT_CHECK(p->data.defined(),
                   "[MuonWithAdamW] parameter '" << p->name << "' must be a defined contiguous tensor");
+    SWAPOPT_CHECK(!p->data.is_released(),
+                  "[MuonWithAdamW] parameter '" << p->name << "' has no data (its storage is released)");
     all.push_back(p.get());
   }
   check_disjoint_params(all, "MuonWithAdamW");

@@ -284,6 +284,10 @@ TEST_CASE("Muon rejects invalid options and 1-D params by name") {
   CHECK_THROWS_WITH_AS(muon.add_param_group({bias}), "[Muon] 1-D parameter 'ln.bias' (shape [768]) cannot use Muon", Error);
   CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("x", Tensor())}),
                        "[Muon] parameter 'x' must be a defined contiguous tensor", Error);
+  Tensor released = Tensor::zeros({4, 4}, DType::f32, Device::cpu());
+  released.storage()->release();
+  CHECK_THROWS_WITH_AS(muon.add_param_group({make_param("r", released)}),
+                       "[Muon] parameter 'r' has no data (its storage is released)", Error);
   ParamPtr twice = make_param("twice", Tensor::zeros({4, 4}, DType::f32, Device::cpu()));
   CHECK_THROWS_WITH_AS(muon.add_param_group({twice, twice}), "[Muon] parameter 'twice' is listed twice in the group",
                        Error);

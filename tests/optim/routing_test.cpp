@@ -89,6 +89,10 @@ TEST_CASE("MuonWithAdamW refuses across its halves what each optimizer refuses w
         }) == "[MuonWithAdamW] parameter 'w' is listed twice");
   CHECK(error_of([&] { MuonWithAdamW(stream, {make_param("w", Tensor())}); }) ==
         "[MuonWithAdamW] parameter 'w' must be a defined contiguous tensor");
+  Tensor released = Tensor::zeros({4, 4}, DType::f32, Device::cpu());
+  released.storage()->release();
+  CHECK(error_of([&] { MuonWithAdamW(stream, {make_param("w", released)}); }) ==
+        "[MuonWithAdamW] parameter 'w' has no data (its storage is released)");
   // No name (the default rules read its components: there are none).
   CHECK(error_of([&] {
           MuonWithAdamW(stream, {param("", {4, 4})});
