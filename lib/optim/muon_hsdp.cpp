@@ -226,7 +226,41 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
       keeps_state_[a.params[i]] = a.owners[i] == a.local_coordinate;
       fix_layout(*a.params[i]);  // planned for its shard as it is now (checked above), on every rank
     }
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) planned_layouts_.push_back(PlannedLayout::of(p->layout));
   hsdp_options_ = options;
+}
+
+Muon::PlannedLayout Muon::PlannedLayout::of(const std::optional<DTensor>& layout) {
+  if (!layout) return {};
+  return {true, layout->logical_shape(), layout->placements(), layout->mesh().shape(), layout->mesh().rank()};
+}
+
+bool Muon::PlannedLayout::matches(const std::optional<DTensor>& layout) const {
+  if (!layout) return !present;
+  return present && layout->logical_shape() == logical_shape && layout->placements() == placements &&
+         layout->mesh().shape() == mesh_shape && layout->mesh().rank() == mesh_rank;
+}
+
+std::string Muon::PlannedLayout::str() const {
+  if (!present) return "none";
+  std::string text =
+      shape_str(logical_shape) + " on mesh " + shape_str(mesh_shape) + " (rank " + std::to_string(mesh_rank) + "):";
+  for (const Placement& placement : placements) text.append(" ").append(placement.str());
+  return text;
+}
+
+void Muon::check_layouts_as_planned() const {
+  if (!hsdp_enabled()) return;
+  size_t index = 0;
+  for (const ParamGroup& g : groups_)
+    for (const ParamPtr& p : g.params) {
+      const PlannedLayout& planned = planned_layouts_[index++];
+      if (planned.matches(p->layout)) continue;
+      SWAPOPT_FAIL("[Muon] parameter '" << p->name << "' has layout " << PlannedLayout::of(p->layout).str()
+                                        << ", enable_hsdp planned its update for " << planned.str()
+                                        << ": a param's layout is fixed once HSDP is enabled");
+    }
 }
 
 void Muon::update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,

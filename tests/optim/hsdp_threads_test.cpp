@@ -480,6 +480,83 @@ struct TwoOwners {
   }
 };
 
+TEST_CASE(
+    "a param's layout changed after enable_hsdp is refused by the step on every rank, bare and swapped, changing "
+    "nothing") {
+  // Mesh 1x2: 'a' (8x6) sharded by rows, 'v' (4x4) local. The plan is made once, at enable_hsdp;
+  // the step read each param's layout as it is now: a dropped layout updated a replica twice (or a
+  // shard as a whole matrix), an added one left a param without any update, and swapped, one rank
+  // failed inside the runtime while the other waited for it (found by a hunting helper).
+  enum class Change { drop_on_rank_1, drop_everywhere, add_on_rank_0 };
+  for (const Change change : {Change::drop_on_rank_1, Change::drop_everywhere, Change::add_on_rank_0})
+    for (const bool swap : {false, true}) {
+      CAPTURE(int(change));
+      CAPTURE(swap);
+      auto world = std::make_shared<test::ThreadWorld>();
+      std::vector<std::string> seen(2);
+      const std::vector<std::string> errors = test::run_on_thread_ranks(2, [&](int rank) {
+        auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", rank, 2);
+        auto mesh = std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 2},
+                                                 std::vector<std::string>{"replicate", "shard"}, rank);
+        const std::vector<Placement> rows = {Placement::Replicate(), Placement::Shard(0)};
+        ParamPtr a = make_param("a", test::random_tensor({4, 6}, DType::f32, 1 + uint32_t(rank)));
+        a->layout = DTensor(a->data, {8, 6}, mesh, rows);
+        ParamPtr v = make_param("v", test::random_tensor({4, 4}, DType::f32, 5));
+        Muon muon{Stream(Device::cpu())};
+        muon.add_param_group({a, v});
+        muon.enable_hsdp(comm, HsdpOptions{.name = "layout"});
+        std::unique_ptr<SwapOptimizer> swapped;
+        if (swap) swapped = swap_muon(muon, SwapConfig{.min_numel = 1});
+        const auto step = [&](int n) {
+          a->grad = test::random_tensor({4, 6}, DType::f32, 10 * uint32_t(n) + uint32_t(rank));
+          v->grad = test::random_tensor({4, 4}, DType::f32, 10 * uint32_t(n) + 7);
+          return test::error_of([&] { swap ? swapped->step() : muon.step(); });
+        };
+        const auto state = [&] {
+          swap ? swapped->synchronize() : muon.stream().synchronize();
+          return serialize_state_dict(swap ? swapped->state_dict() : muon.state_dict());
+        };
+        CHECK(step(1) == "");
+        const std::string state_before = state();  // synchronises: the data below is step 1's
+        const Tensor a_before = a->data.clone(), v_before = v->data.clone();
+        const std::optional<DTensor> a_layout = a->layout;
+        if (change == Change::drop_everywhere || (change == Change::drop_on_rank_1 && rank == 1)) a->layout.reset();
+        if (change == Change::add_on_rank_0 && rank == 0)
+          v->layout = DTensor(v->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
+        seen[size_t(rank)] = step(2);
+        a->layout = a_layout;  // as planned again (a state dict describes each param's layout)
+        v->layout.reset();
+        CHECK(test::same_bits(a->data, a_before));
+        CHECK(test::same_bits(v->data, v_before));
+        CHECK(state() == state_before);
+        CHECK(step(2) == "");  // as planned again: the step runs on every rank
+      });
+      CHECK(errors == std::vector<std::string>{"", ""});
+      const std::string dropped =
+          "[Muon] parameter 'a' has layout none, enable_hsdp planned its update for [8, 6] on mesh [1, 2] (rank R): "
+          "Replicate() Shard(0): a param's layout is fixed once HSDP is enabled";
+      const auto on_rank = [&](int rank) {
+        std::string text = dropped;
+        text.replace(text.find("rank R"), 6, "rank " + std::to_string(rank));
+        return text;
+      };
+      const std::string added =
+          "[Muon] parameter 'v' has layout [4, 4] on mesh [1, 2] (rank 0): Replicate() Replicate(), enable_hsdp "
+          "planned its update for none: a param's layout is fixed once HSDP is enabled";
+      for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const bool changed = change == Change::drop_everywhere || (change == Change::drop_on_rank_1 && rank == 1) ||
+                             (change == Change::add_on_rank_0 && rank == 0);
+        if (changed) {
+          CHECK(seen[size_t(rank)] == (change == Change::add_on_rank_0 ? added : on_rank(rank)));
+        } else {
+          CHECK(seen[size_t(rank)] ==
+                "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed nothing");
+        }
+      }
+    }
+}
+
 TEST_CASE("a rank's HSDP checkpoint does not load where a param it did not keep is updated; a full copy does") {
   // Mesh 2x1: two replicated matrices, one owned by each rank. Each rank's file holds only the
   // momentum it owns; loaded on the other rank, the param that rank updates had restarted from

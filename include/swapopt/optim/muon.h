@@ -270,6 +270,8 @@ class Muon : public Optimizer {
   void check_unfixed_shape(const Param& param) const override;
   /** Also: no shard without HSDP. */
   void check_step_locally() override;
+  /** With HSDP: throws for a param whose layout is not the one enable_hsdp planned its update for. */
+  void check_layouts_as_planned() const;
   /** Under HSDP, one all-reduce over the mesh: the local failures, per HSDP param the ranks
    *  holding its grad (every rank steps the same HSDP params), and a digest of the settings that
    *  add collectives to a step (skip_nonfinite of any optimizer stepped with this one, a device
@@ -307,6 +309,18 @@ class Muon : public Optimizer {
   std::unique_ptr<MeshGroups> mesh_groups_;  // with HSDP
   std::vector<HsdpAssignment> schedule_;
   std::unordered_map<const Param*, bool> keeps_state_;  // with HSDP: whether this rank owns each param
+  /** A param's layout as enable_hsdp planned its update (none: updated locally). */
+  struct PlannedLayout {
+    bool present = false;
+    Shape logical_shape;
+    std::vector<Placement> placements;
+    std::vector<int64_t> mesh_shape;
+    int64_t mesh_rank = 0;
+    static PlannedLayout of(const std::optional<DTensor>& layout);
+    bool matches(const std::optional<DTensor>& layout) const;
+    std::string str() const;
+  };
+  std::vector<PlannedLayout> planned_layouts_;  // with HSDP: by param index
   HsdpOptions hsdp_options_;
   std::vector<WorkPtr> step_collectives_;  // this step's collectives in issue order, for finish_hsdp_step
 };
