@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <exception>
+#include <iomanip>
 #include <unordered_set>
 
 #include "disjoint_params.h"
@@ -62,6 +63,25 @@ double sum_of_squares(const std::vector<const Param*>& with_grad, Stream& stream
   return sum;
 }
 
+/** A double in four f32 slots, exactly: its binary exponent e (an integer, exact in f32), then
+ *  x * 2^-e, in [1, 2), as three f32 parts, which hold its 53 bits. Zero, inf and NaN go as they
+ *  are, with e = 0. */
+void encode_exactly(double x, float* slots) {
+  const int e = std::isfinite(x) && x != 0.0 ? std::ilogb(x) : 0;
+  const double scaled = std::ldexp(x, -e);
+  slots[0] = float(e);
+  slots[1] = float(scaled);
+  if (std::isfinite(scaled)) {
+    const double rest = scaled - double(slots[1]);  // exact, as is the next one
+    slots[2] = float(rest);
+    slots[3] = float(rest - double(slots[2]));
+  }
+}
+
+double decode_exactly(const float* slots) {
+  return std::ldexp(double(slots[1]) + double(slots[2]) + double(slots[3]), int(slots[0]));
+}
+
 }  // namespace
 
 double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stream& stream, Communicator* world) {
@@ -78,32 +98,31 @@ double clip_grad_norm(const std::vector<ParamPtr>& params, double max_norm, Stre
     failure = std::current_exception();
   }
   if (world != nullptr) {
-    // Every rank's f64 sum, exchanged exactly and added in rank order: every rank gets the same
-    // total, without an f32 rounding or overflow. After a count of the ranks that failed, in the
-    // rank's own four slots (the other ranks add zeros): its binary exponent e (an integer, exact
-    // in f32), then sum * 2^-e, in [1, 2), as three f32 parts, which hold its 53 bits. Zero, inf
-    // and NaN go as they are, with e = 0.
-    constexpr size_t kSlots = 4;
+    // Every rank's f64 sum and max_norm, exchanged exactly: every rank adds the sums in rank
+    // order, so all get the same total, without an f32 rounding or overflow, and sees every
+    // rank's max_norm. After a count of the ranks that failed, each rank's own eight slots (the
+    // other ranks add zeros): its sum, then its max_norm, four slots each.
+    constexpr size_t kSlots = 8;
     std::vector<float> parts(1 + kSlots * size_t(world->size()), 0.f);
     parts[0] = failure ? 1.f : 0.f;
     float* mine = &parts[1 + kSlots * size_t(world->rank())];
-    const int e = std::isfinite(sum) && sum != 0.0 ? std::ilogb(sum) : 0;
-    const double scaled = std::ldexp(sum, -e);
-    mine[0] = float(e);
-    mine[1] = float(scaled);
-    if (std::isfinite(scaled)) {
-      const double rest = scaled - double(mine[1]);  // exact, as is the next one
-      mine[2] = float(rest);
-      mine[3] = float(rest - double(mine[2]));
-    }
+    encode_exactly(sum, mine);
+    encode_exactly(max_norm, mine + 4);
     parts = sum_over_ranks(*world, stream.device(), parts);
     if (failure) std::rethrow_exception(failure);
     SWAPOPT_CHECK(parts[0] == 0.f, "[clip_grad_norm] failed its checks on "
                                        << parts[0] << " of " << world->size()
                                        << " ranks (their errors say why): no grad was scaled");
     sum = 0.0;
-    for (size_t r = 1; r < parts.size(); r += kSlots)
-      sum += std::ldexp(double(parts[r + 1]) + double(parts[r + 2]) + double(parts[r + 3]), int(parts[r]));
+    for (size_t r = 1; r < parts.size(); r += kSlots) {
+      sum += decode_exactly(&parts[r]);
+      const double theirs = decode_exactly(&parts[r + 4]);
+      // Every rank sees the same values, so every rank throws here or none does.
+      SWAPOPT_CHECK(theirs == decode_exactly(&parts[1 + 4]),
+                    "[clip_grad_norm] ranks pass different max_norm (rank 0: "
+                        << std::setprecision(17) << decode_exactly(&parts[1 + 4]) << ", rank " << (r - 1) / kSlots
+                        << ": " << theirs << "): every rank must clip alike, no grad was scaled");
+    }
   }
   const double norm = std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);

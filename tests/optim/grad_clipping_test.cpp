@@ -1,5 +1,7 @@
 // clip_grad_norm: torch's rule, exact in one process, each element counted once across HSDP ranks.
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 
 #include "optim/thread_communicator.h"
 #include "test_util.h"
@@ -195,6 +197,32 @@ TEST_CASE("clip_grad_norm across ranks: a sum of squares beyond f32's range clip
   CHECK(norms == std::vector<double>{want, want});
   CHECK(grads == std::vector<std::vector<float>>{clipped, clipped});
   CHECK(std::fabs(clipped[0] - 1.f) < 1e-6f);
+}
+
+TEST_CASE("clip_grad_norm across ranks: a max_norm that differs between ranks throws on every rank, scaling no grad") {
+  // Each rank clipped by its own max_norm: every rank succeeded, the replicas' grads parted
+  // (found by a hunting helper).
+  for (const double rank_1_max_norm : {100.0, std::nextafter(1.0, 2.0)}) {
+    CAPTURE(rank_1_max_norm);
+    std::vector<std::string> got(2);
+    const std::vector<std::string> errors =
+        on_thread_ranks(2, [&](int rank, const std::shared_ptr<Communicator>& comm) {
+          std::vector<ParamPtr> params = with_grads(1, 10.f);
+          const std::vector<float> before = params[1]->grad.to_float_vector();
+          Stream s(Device::cpu());
+          got[size_t(rank)] =
+              test::error_of([&] { clip_grad_norm(params, rank == 1 ? rank_1_max_norm : 1.0, s, comm.get()); });
+          s.synchronize();
+          CHECK(params[1]->grad.to_float_vector() == before);
+          clip_grad_norm(params, 1.0, s, comm.get());  // the same max_norm: both go on
+        });
+    CHECK(errors == std::vector<std::string>{"", ""});
+    std::ostringstream want;
+    want << "[clip_grad_norm] ranks pass different max_norm (rank 0: 1, rank 1: " << std::setprecision(17)
+         << rank_1_max_norm << "): every rank must clip alike, no grad was scaled";
+    CHECK(got[0] == want.str());
+    CHECK(got[1] == want.str());
+  }
 }
 
 TEST_CASE("clip_grad_norm across ranks: bad input on one rank throws on every rank, scaling no grad") {

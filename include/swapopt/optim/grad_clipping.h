@@ -16,7 +16,9 @@ namespace swapopt {
  *  mesh, the one Muon::enable_hsdp takes), each element counts once across ranks: a param with a DTensor
  *  layout weighs its local shard by 1 / (ranks holding the same elements), a param without one
  *  (the same on every rank) by 1 / world size, and each rank's f64 sum is exchanged exactly and
- *  added in rank order. Every rank gets the same norm and clips alike. A non-finite norm is
+ *  added in rank order, with its max_norm: every rank gets the same norm and clips alike, and
+ *  ranks passing different max_norm all throw ("[clip_grad_norm] ranks pass different max_norm
+ *  (rank 0: 1, rank 1: 100): ..."), scaling nothing. A non-finite norm is
  *  returned and clips nothing. Throws, changing nothing, for a null param, a param listed twice,
  *  a grad released, not contiguous or on another device, and grads sharing memory (each would be
  *  counted and scaled twice). With `world`, a rank whose checks fail still joins the exchange,
