@@ -409,8 +409,8 @@ void Muon::check_step_locally() {
   validate_options();
   check_step_counts();
   for (size_t g = 0; g < groups_.size(); ++g) local_params(g);  // throws for a shard without HSDP
-  check_layouts_as_planned();
   check_params_with_grad();
+  check_layouts_as_planned();                  // after the check that every param was added
   for (size_t g = 0; g < groups_.size(); ++g)  // lr x sqrt(the larger side) x matched_adamw_rms, in f32
     for (const ParamPtr& p : groups_[g].params)
       if (p->has_grad()) {

@@ -227,7 +227,7 @@ void Muon::enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options)
       fix_layout(*a.params[i]);  // planned for its shard as it is now (checked above), on every rank
     }
   for (const ParamGroup& g : groups_)
-    for (const ParamPtr& p : g.params) planned_layouts_.push_back(PlannedLayout::of(p->layout));
+    for (const ParamPtr& p : g.params) planned_layouts_.emplace(p.get(), PlannedLayout::of(p->layout));
   hsdp_options_ = options;
 }
 
@@ -252,10 +252,11 @@ std::string Muon::PlannedLayout::str() const {
 
 void Muon::check_layouts_as_planned() const {
   if (!hsdp_enabled()) return;
-  size_t index = 0;
+  static const PlannedLayout none;
   for (const ParamGroup& g : groups_)
     for (const ParamPtr& p : g.params) {
-      const PlannedLayout& planned = planned_layouts_[index++];
+      const auto it = planned_layouts_.find(p.get());
+      const PlannedLayout& planned = it == planned_layouts_.end() ? none : it->second;
       if (planned.matches(p->layout)) continue;
       SWAPOPT_FAIL("[Muon] parameter '" << p->name << "' has layout " << PlannedLayout::of(p->layout).str()
                                         << ", enable_hsdp planned its update for " << planned.str()

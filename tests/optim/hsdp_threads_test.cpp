@@ -483,12 +483,14 @@ struct TwoOwners {
 TEST_CASE(
     "a param's layout changed after enable_hsdp is refused by the step on every rank, bare and swapped, changing "
     "nothing") {
-  // Mesh 1x2: 'a' (8x6) sharded by rows, 'v' (4x4) local. The plan is made once, at enable_hsdp;
+  // Mesh 1x2: 'a' (8x6) sharded by rows, 'v' (4x4) local, 'late' (4x4) local in a group added
+  // after enable_hsdp (as it may be, without a layout). The plan is made once, at enable_hsdp;
   // the step read each param's layout as it is now: a dropped layout updated a replica twice (or a
   // shard as a whole matrix), an added one left a param without any update, and swapped, one rank
   // failed inside the runtime while the other waited for it (found by a hunting helper).
-  enum class Change { drop_on_rank_1, drop_everywhere, add_on_rank_0 };
-  for (const Change change : {Change::drop_on_rank_1, Change::drop_everywhere, Change::add_on_rank_0})
+  enum class Change { drop_on_rank_1, drop_everywhere, add_on_rank_0, add_to_late_on_rank_0 };
+  for (const Change change :
+       {Change::drop_on_rank_1, Change::drop_everywhere, Change::add_on_rank_0, Change::add_to_late_on_rank_0})
     for (const bool swap : {false, true}) {
       CAPTURE(int(change));
       CAPTURE(swap);
@@ -505,11 +507,14 @@ TEST_CASE(
         Muon muon{Stream(Device::cpu())};
         muon.add_param_group({a, v});
         muon.enable_hsdp(comm, HsdpOptions{.name = "layout"});
+        ParamPtr late = make_param("late", test::random_tensor({4, 4}, DType::f32, 6));
+        muon.add_param_group({late});
         std::unique_ptr<SwapOptimizer> swapped;
         if (swap) swapped = swap_muon(muon, SwapConfig{.min_numel = 1});
         const auto step = [&](int n) {
           a->grad = test::random_tensor({4, 6}, DType::f32, 10 * uint32_t(n) + uint32_t(rank));
           v->grad = test::random_tensor({4, 4}, DType::f32, 10 * uint32_t(n) + 7);
+          late->grad = test::random_tensor({4, 4}, DType::f32, 10 * uint32_t(n) + 8);
           return test::error_of([&] { swap ? swapped->step() : muon.step(); });
         };
         const auto state = [&] {
@@ -518,16 +523,20 @@ TEST_CASE(
         };
         CHECK(step(1) == "");
         const std::string state_before = state();  // synchronises: the data below is step 1's
-        const Tensor a_before = a->data.clone(), v_before = v->data.clone();
+        const Tensor a_before = a->data.clone(), v_before = v->data.clone(), late_before = late->data.clone();
         const std::optional<DTensor> a_layout = a->layout;
         if (change == Change::drop_everywhere || (change == Change::drop_on_rank_1 && rank == 1)) a->layout.reset();
         if (change == Change::add_on_rank_0 && rank == 0)
           v->layout = DTensor(v->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
+        if (change == Change::add_to_late_on_rank_0 && rank == 0)
+          late->layout = DTensor(late->data, {4, 4}, mesh, {Placement::Replicate(), Placement::Replicate()});
         seen[size_t(rank)] = step(2);
         a->layout = a_layout;  // as planned again (a state dict describes each param's layout)
         v->layout.reset();
+        late->layout.reset();
         CHECK(test::same_bits(a->data, a_before));
         CHECK(test::same_bits(v->data, v_before));
+        CHECK(test::same_bits(late->data, late_before));
         CHECK(state() == state_before);
         CHECK(step(2) == "");  // as planned again: the step runs on every rank
       });
@@ -546,9 +555,14 @@ TEST_CASE(
       for (int rank = 0; rank < 2; ++rank) {
         CAPTURE(rank);
         const bool changed = change == Change::drop_everywhere || (change == Change::drop_on_rank_1 && rank == 1) ||
-                             (change == Change::add_on_rank_0 && rank == 0);
+                             (change == Change::add_on_rank_0 && rank == 0) ||
+                             (change == Change::add_to_late_on_rank_0 && rank == 0);
+        std::string late_added = added;
+        late_added.replace(late_added.find("'v'"), 3, "'late'");
         if (changed) {
-          CHECK(seen[size_t(rank)] == (change == Change::add_on_rank_0 ? added : on_rank(rank)));
+          CHECK(seen[size_t(rank)] == (change == Change::add_on_rank_0           ? added
+                                       : change == Change::add_to_late_on_rank_0 ? late_added
+                                                                                 : on_rank(rank)));
         } else {
           CHECK(seen[size_t(rank)] ==
                 "[Muon] the step's checks failed on 1 of 2 ranks (their errors say why): the step changed nothing");

@@ -158,7 +158,7 @@ SWAPOPT_HOST_DEVICE float adamw(float p, float g, float& m, float& v, float* vma
   const float root = __builtin_sqrtf(second);
 #endif
   const float denom = root / k.bias_correction2_sqrt + k.eps;
-  return p + (k.neg_step_size * m) / denom;  // addcdiv's order: (value * t1) / t2
+  return p + (k.neg_step_size * m) / denom;  // torch's CPU addcdiv order: (value * t1) / t2
 }
 
 }  // namespace swapopt::formula

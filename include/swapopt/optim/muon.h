@@ -150,7 +150,9 @@ class Muon : public Optimizer {
    *  none enables HSDP. The same all-reduce compares a digest of `options` (but its name) and of
    *  every param's name, group, dtype, logical shape, mesh shape and placements: ranks that
    *  differ there (their plans would) all throw "[Muon] enable_hsdp: the ranks' setups differ
-   *  (this rank: ...)". */
+   *  (this rank: ...)". The plan is fixed then: a later step refuses, on every rank, a param
+   *  whose layout is not the one planned ("[Muon] parameter 'a' has layout none, enable_hsdp
+   *  planned its update for ..."); a group added later holds params without layouts. */
   void enable_hsdp(std::shared_ptr<Communicator> world, HsdpOptions options = {});
   /** Whether enable_hsdp() has succeeded. */
   bool hsdp_enabled() const { return mesh_groups_ != nullptr; }
@@ -320,7 +322,9 @@ class Muon : public Optimizer {
     bool matches(const std::optional<DTensor>& layout) const;
     std::string str() const;
   };
-  std::vector<PlannedLayout> planned_layouts_;  // with HSDP: by param index
+  // With HSDP: the layout of each param enable_hsdp planned (those added later have none: a
+  // param with a layout is refused then).
+  std::unordered_map<const Param*, PlannedLayout> planned_layouts_;
   HsdpOptions hsdp_options_;
   std::vector<WorkPtr> step_collectives_;  // this step's collectives in issue order, for finish_hsdp_step
 };
