@@ -26,10 +26,11 @@ class MuonSwapAdapter : public StateSwapAdapter {
    *  post_update_fn and the broadcast). */
   void step_batch(std::span<UpdateUnit> batch) override;
   /** Chunked: each NS input is allocated whole (a batch's, or a sharded assignment's all-gather
-   *  chunk) and each chunk's momentum is written into its range (Muon::momentum_chunk); Newton-Schulz, the update and,
-   * for an HSDP assignment, its collectives then run on the whole inputs as in step_batch (Muon::update_assignment with
-   * a MomentumWriter). A replicated assignment of several NS batches streams each batch's momentum just before its
-   * Newton-Schulz, as the bare step makes it. */
+   *  chunk) and each chunk's momentum is written into its range (Muon::momentum_chunk);
+   *  Newton-Schulz, the update and, for an HSDP assignment, its collectives then run on the whole
+   *  inputs as in step_batch (Muon::update_assignment with a MomentumWriter). A replicated
+   *  assignment of several NS batches streams each batch's momentum just before its
+   *  Newton-Schulz, as the bare step makes it. */
   void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override;
   /** Waits for the step's broadcasts. */
   void finish_step() override;
