@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_part_error.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt {
@@ -73,9 +74,7 @@ auto read_checkpoint_group(size_t group, const Read& read) {
     options.validate();
     return options;
   } catch (const Error& e) {
-    std::string why = e.what();
-    if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // a metadata error: "[checkpoint]" said once
-    SWAPOPT_FAIL("[checkpoint] group " << group << ": " << why);
+    fail_in_checkpoint_part("group " + std::to_string(group), e);
   }
 }
 

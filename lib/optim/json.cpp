@@ -1,5 +1,6 @@
 #include "json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -139,6 +140,15 @@ const Value& member(const Value& v, const std::string& key, const std::string& w
   const auto it = members.find(key);
   SWAPOPT_CHECK(it != members.end(), "[checkpoint] metadata: " << what << " has no '" << key << "'");
   return it->second;
+}
+
+void check_known_keys(const Value& v, std::initializer_list<std::string_view> known, const std::string& what) {
+  for (const auto& [key, value] : get_object(v, what)) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string expected;
+    for (const std::string_view k : known) expected += (expected.empty() ? "" : ", ") + std::string(k);
+    SWAPOPT_FAIL("[checkpoint] metadata: " << what << " has unknown key '" << key << "' (expected " << expected << ")");
+  }
 }
 
 const std::string& optimizer_named(const Value& meta) {

@@ -3,10 +3,10 @@
 // reads that name the field, so a corrupt or hand-edited header fails with a named error.
 
 #include <cstdint>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace swapopt::json {
 
@@ -34,6 +34,10 @@ const Value::object_t& get_object(const Value& v, const std::string& what);
 
 /** Member `key` of the object `v`; throws "[checkpoint] metadata: <what> has no '<key>'" if absent. */
 const Value& member(const Value& v, const std::string& key, const std::string& what);
+
+/** Throws "[checkpoint] metadata: <what> has unknown key '<k>' (expected a, b, ...)" for a member of
+ *  the object `v` that `known` does not list: a misspelt or newer field is refused, not ignored. */
+void check_known_keys(const Value& v, std::initializer_list<std::string_view> known, const std::string& what);
 
 /** The optimizer a checkpoint's metadata names ("Muon", or a set's "Muon+AdamW"); throws "[checkpoint]
  *  its metadata names no optimizer: ..." when `meta` is not an object with one (a file of another

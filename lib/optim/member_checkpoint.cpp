@@ -1,6 +1,7 @@
 #include "member_checkpoint.h"
 
 #include "../core/comma_list.h"
+#include "checkpoint_part_error.h"
 #include "json.h"
 #include "swapopt/core/error.h"
 
@@ -20,9 +21,13 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
   SWAPOPT_CHECK(meta.contains("members"), "[checkpoint] holds the state of one "
                                               << named << " optimizer, not of a set of optimizers (" << names.size()
                                               << " members)");
+  json::check_known_keys(meta, {"optimizer", "members"}, "metadata");
   const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
   std::vector<std::string> held;
-  for (const json::Value& v : listed) held.push_back(json::get_string(json::member(v, "name", "members[]"), "name"));
+  for (const json::Value& v : listed) {
+    json::check_known_keys(v, {"name", "metadata"}, "members[]");
+    held.push_back(json::get_string(json::member(v, "name", "members[]"), "name"));
+  }
   SWAPOPT_CHECK(held == names,
                 "[checkpoint] holds members [" << comma_list(held) << "], this set has [" << comma_list(names) << "]");
   SWAPOPT_CHECK(named == optimizers,
@@ -52,9 +57,7 @@ void load_members(const std::vector<std::string>& names, const std::vector<Check
     try {
       applies.push_back(prepare(i, parts[i]));
     } catch (const Error& e) {
-      std::string why = e.what();
-      if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);  // said once, before the member's name
-      SWAPOPT_FAIL("[checkpoint] member '" << names[i] << "': " << why);
+      fail_in_checkpoint_part("member '" + names[i] + "'", e);
     }
   }
   for (auto& apply : applies) apply();

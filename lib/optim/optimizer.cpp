@@ -545,6 +545,8 @@ std::function<void()> Optimizer::prepare_load(
   const json::Value meta = json::parse(checkpoint.metadata);
   const std::string& optimizer = json::optimizer_named(meta);
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
+  json::check_known_keys(meta, {"optimizer", "groups", "param_steps", "param_names", "param_shards", "param_kept"},
+                         "metadata");
   check_names_unchanged();
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
     std::vector<std::string> ours, theirs;
@@ -562,6 +564,7 @@ std::function<void()> Optimizer::prepare_load(
   std::vector<int64_t> group_steps;
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string what = "groups[" + std::to_string(g) + "]";
+    json::check_known_keys(groups[g], {"options", "step", "params"}, what);
     const auto& indices = json::get_array(json::member(groups[g], "params", what), what + ".params");
     SWAPOPT_CHECK(indices.size() == groups_[g].params.size(), "[checkpoint] group " << g << " has " << indices.size()
                                                                                     << " params, the optimizer's "

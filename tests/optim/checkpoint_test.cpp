@@ -126,6 +126,15 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   const size_t at = missing_option.metadata.find("\"lr\":");
   missing_option.metadata.replace(at, 4, "\"xx\"");
   expect_rejected(missing_option, "[checkpoint] group 0: [Muon] unknown option 'xx'");
+  StateDict unknown_key = good;  // refused, not ignored: a misspelt field, or one of a newer format
+  unknown_key.metadata.insert(1, "\"format\":2,");
+  expect_rejected(unknown_key,
+                  "[checkpoint] metadata: metadata has unknown key 'format' (expected optimizer, groups, "
+                  "param_steps, param_names, param_shards, param_kept)");
+  StateDict unknown_group_key = good;
+  unknown_group_key.metadata.insert(unknown_group_key.metadata.find("\"params\":"), "\"frozen\":true,");
+  expect_rejected(unknown_group_key,
+                  "[checkpoint] metadata: groups[0] has unknown key 'frozen' (expected options, step, params)");
   StateDict huge_steps = good;
   const size_t ns = huge_steps.metadata.find("\"ns_steps\":5");
   REQUIRE(ns != std::string::npos);

@@ -303,6 +303,27 @@ TEST_SUITE("swap") {
     CHECK(error_of([&] { t.set->load_state_dict(swapped_names); }) ==
           "[checkpoint] names its members' optimizers 'AdamW+Muon', this set's are 'Muon+AdamW'");
     CHECK(snapshot(*t.set, t.params) == before);
+
+    // A key the format does not have (misspelt, or from a newer writer) is refused, not ignored:
+    // in the set's metadata, in a member's entry, in a member's own metadata.
+    auto with_key = [&](const std::string& after, const std::string& key) {
+      StateDict edited = good;
+      const size_t at = edited.metadata.find(after);
+      REQUIRE(at != std::string::npos);
+      edited.metadata.insert(at + after.size(), key);
+      return edited;
+    };
+    CHECK(error_of([&] { t.set->load_state_dict(with_key("{", "\"version\":2,")); }) ==
+          "[checkpoint] metadata: metadata has unknown key 'version' (expected optimizer, members)");
+    CHECK(error_of([&] { t.set->load_state_dict(with_key("\"members\":[{", "\"weight\":1,")); }) ==
+          "[checkpoint] metadata: members[] has unknown key 'weight' (expected name, metadata)");
+    CHECK(error_of([&] { t.set->load_state_dict(with_key("\\\"optimizer\\\":\\\"AdamW\\\"", ",\\\"beta3\\\":1")); }) ==
+          "[checkpoint] member 'adamw': metadata: metadata has unknown key 'beta3' (expected optimizer, groups, "
+          "param_steps, param_names, param_shards, param_kept)");
+    CHECK(
+        error_of([&] { t.set->load_state_dict(with_key("\\\"step\\\":1", ",\\\"lr_scale\\\":1")); }) ==
+        "[checkpoint] member 'muon': metadata: groups[0] has unknown key 'lr_scale' (expected options, step, params)");
+    CHECK(snapshot(*t.set, t.params) == before);
   }
 
   TEST_CASE(
