@@ -937,11 +937,20 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
     }
   } catch (...) {
     adapter.abandon_step();  // e.g. collectives the compute stream waits on, before it is synchronised
+    // Each clean-up runs even where the one before it failed (a CUDA error inside the drain), so
+    // that no copy is left in flight into memory the drain released; the first error is the one
+    // to report.
     try {
       drain(batches);
+    } catch (...) {
+    }
+    try {
       synchronize_copies();
+    } catch (...) {
+    }
+    try {
       compute_.synchronize();
-    } catch (...) {  // the first error is the one to report
+    } catch (...) {
     }
     throw;
   }
