@@ -175,7 +175,9 @@ class Muon : public Optimizer {
    *  stream without a host wait (finish_hsdp_step waits for the collectives). With
    *  `write_momentum`, it writes the NS inputs (the same bits as momentum_into): of all `params`
    *  in one call when sharded (they go into one all-gather), else of each memory-safe batch just
-   *  before its Newton-Schulz, one call per batch, as the momentum is made without it. */
+   *  before its Newton-Schulz, one call per batch, as the momentum is made without it. Its
+   *  checks are this rank's alone, not agreed like step()'s: bad input on one rank throws there
+   *  while the group's other ranks wait in the collective until its timeout. */
   void update_assignment(const HsdpAssignment& assignment, const std::vector<Param*>& params,
                          const MomentumWriter& write_momentum = {});
   /** After update_assignment: post_update_fn for `owned_with_grad`, then the broadcast of every
