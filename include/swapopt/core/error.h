@@ -7,7 +7,9 @@
 
 namespace swapopt {
 
-/** Thrown for every failure at the library boundary; what() names the operation and the values. */
+/** Thrown for every failure at the library boundary; what() names the operation and the values.
+ *  An exception thrown by a callback of the caller's (MuonHooks, a schedule) passes through as
+ *  it was thrown. */
 class Error : public std::runtime_error {
  public:
   /** An error whose what() is `what`. */

@@ -95,6 +95,14 @@ class MuonWithAdamW {
     muon_->zero_grad();
     adamw_->zero_grad();
   }
+  /** Both halves' set_skip_nonfinite (Optimizer's): with it on, a NaN or infinity in any grad of
+   *  either half skips the whole step, both halves, changing nothing. */
+  void set_skip_nonfinite(bool on) {
+    muon_->set_skip_nonfinite(on);
+    adamw_->set_skip_nonfinite(on);
+  }
+  /** Whether the last step() was skipped for a non-finite grad (both halves agree). */
+  bool last_step_skipped() const { return muon_->last_step_skipped(); }
   /** The Muon half: one group of the params routed to Muon (no group when there are none). */
   Muon& muon() { return *muon_; }
   /** The AdamW half: the decay group, then the no-decay group (weight_decay 0); a route with no

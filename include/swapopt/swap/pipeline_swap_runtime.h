@@ -30,7 +30,9 @@ struct SwapStepReport {
    *  also one of `batches`); their copies count in h2d_copies and d2h_copies, one per state per
    *  chunk. */
   int chunked_units = 0;
-  /** Bytes copied host to device, an early prefetch's included (also one that was redone). */
+  /** Bytes copied host to device, an early prefetch's included (also one that was redone).
+   *  Packed, a run of adjacent slots is one copy, the 64-byte alignment gaps between them
+   *  included: the bytes may pass the slots' own (state_bytes) by a few per slot. */
   size_t h2d_bytes = 0;
   size_t d2h_bytes = 0;  ///< Bytes copied device to host.
   /** Copies issued each way: packed, one per run of adjacent slots per dtype in a batch (one per
