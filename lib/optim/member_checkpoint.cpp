@@ -24,9 +24,9 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
   json::check_known_keys(meta, {"optimizer", "members"}, "metadata");
   const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
   std::vector<std::string> held;
-  for (const json::Value& v : listed) {
-    json::check_known_keys(v, {"name", "metadata"}, "members[]");
-    held.push_back(json::get_string(json::member(v, "name", "members[]"), "name"));
+  for (size_t i = 0; i < listed.size(); ++i) {
+    json::check_known_keys(listed[i], {"name", "metadata"}, "members[" + std::to_string(i) + "]");
+    held.push_back(json::get_string(json::member(listed[i], "name", "members[]"), "name"));
   }
   SWAPOPT_CHECK(held == names,
                 "[checkpoint] holds members [" << comma_list(held) << "], this set has [" << comma_list(names) << "]");

@@ -152,8 +152,8 @@ void MuonWithAdamW::step() {
     for (Optimizer* half : halves) half->check_step_locally();
   });
   const bool skip = Optimizer::skip_together(halves);  // a non-finite grad in either half skips both
+  for (Optimizer* half : halves) half->last_step_skipped_ = skip;  // both agree, also if a half throws
   for (Optimizer* half : halves) {
-    half->last_step_skipped_ = skip;
     if (!skip) half->run_step();
     half->record_step_events();
   }

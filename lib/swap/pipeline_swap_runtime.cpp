@@ -72,6 +72,10 @@ PipelineSwapRuntime::~PipelineSwapRuntime() {
   // Each stream on its own: a failed wait on one must not skip the other, whose copies may still
   // be writing the mirrors freed next. Destructors never throw; a stream error was already
   // reported by step().
+  settle_copies();
+}
+
+void PipelineSwapRuntime::settle_copies() noexcept {
   for (Stream* copies : {&h2d_, &d2h_}) {
     try {
       copies->synchronize();
@@ -939,15 +943,13 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
     adapter.abandon_step();  // e.g. collectives the compute stream waits on, before it is synchronised
     // Each clean-up runs even where the one before it failed (a CUDA error inside the drain), so
     // that no copy is left in flight into memory the drain released; the first error is the one
-    // to report.
+    // to report. A drain that throws stops at that batch: the later ones keep their state as
+    // loaded or stepped (the step was partly applied; the contract says reload a checkpoint).
     try {
       drain(batches);
     } catch (...) {
     }
-    try {
-      synchronize_copies();
-    } catch (...) {
-    }
+    settle_copies();
     try {
       compute_.synchronize();
     } catch (...) {

@@ -349,21 +349,32 @@ TEST_CASE("a member's own save_async while its set's runs waits for the set's, w
   for (const std::string& path : {set_sync, member_sync, member_async, fifo}) std::remove(path.c_str());
 }
 
-TEST_CASE("a failed save_async is thrown by the next step, before it changes anything, or by wait_save, once") {
-  for (const bool by_step : {true, false}) {
-    CAPTURE(by_step);
+TEST_CASE(
+    "a failed save_async is thrown by the next step, before it changes anything, the next save_async, or wait_save, "
+    "once") {
+  for (const std::string by : {"step", "save_async", "wait_save"}) {
+    CAPTURE(by);
     Subject s = make_subject("swapped AdamW"), twin = make_subject("swapped AdamW");
     train(s, 1, 1);
     train(twin, 1, 1);
     s.save_async("/nonexistent-dir/x.safetensors");
     const std::string want = "[checkpoint] saving '/nonexistent-dir/x.safetensors' in the background failed: [checkpoint] "
                              "cannot create '/nonexistent-dir/x.safetensors.tmp': No such file or directory";
-    if (by_step) {
+    if (by == "step") {
       test::set_swap_grads(s.params, 2);
       // The writer fails at once (the directory does not exist); a step reports a save that has
       // finished, so give the writer's thread ample time to get there.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       CHECK_THROWS_WITH_AS(s.step(), want.c_str(), Error);
+    } else if (by == "save_async") {
+      const std::string path = test::temp_file("after_failed_save.safetensors");
+      std::remove(path.c_str());
+      CHECK_THROWS_WITH_AS(s.save_async(path), want.c_str(), Error);
+      CHECK_FALSE(std::filesystem::exists(path));  // this save did not start: call it again
+      s.save_async(path);
+      s.wait_save();
+      CHECK(serialize_state_dict(load_state_dict(path)) == serialize_state_dict(twin.state_dict()));
+      std::remove(path.c_str());
     } else {
       CHECK_THROWS_WITH_AS(s.wait_save(), want.c_str(), Error);
     }

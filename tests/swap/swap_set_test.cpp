@@ -316,7 +316,7 @@ TEST_SUITE("swap") {
     CHECK(error_of([&] { t.set->load_state_dict(with_key("{", "\"version\":2,")); }) ==
           "[checkpoint] metadata: metadata has unknown key 'version' (expected optimizer, members)");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\"members\":[{", "\"weight\":1,")); }) ==
-          "[checkpoint] metadata: members[] has unknown key 'weight' (expected name, metadata)");
+          "[checkpoint] metadata: members[0] has unknown key 'weight' (expected name, metadata)");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\\\"optimizer\\\":\\\"AdamW\\\"", ",\\\"beta3\\\":1")); }) ==
           "[checkpoint] member 'adamw': metadata: metadata has unknown key 'beta3' (expected optimizer, groups, "
           "param_steps, param_names, param_shards, param_kept)");

@@ -11,9 +11,13 @@ namespace swapopt {
 
 /** Tensors are named "state.<param_index>.<key>" (param_index counts over all groups in order) and
  *  live on the host; `metadata` is JSON: {"optimizer", "groups": [{"options", "step", "params"}],
- *  "param_steps", "param_names"} ("param_names" absent in files written before swapopt 0.3). A
- *  param's step counts its updates: it holds state exactly when that step is positive (Muon files
- *  from before 0.4 hold 0 for every param step). */
+ *  "param_steps", "param_names", "param_shards", "param_kept"} ("param_names" absent in files
+ *  written before swapopt 0.3; "param_shards" only with distributed params, each one's shard
+ *  offset; "param_kept" only where a rank keeps some params' state, HSDP's owners). A load refuses
+ *  any other key. A set's (and a bare MuonWithAdamW's) metadata is {"optimizer": "Muon+AdamW",
+ *  "members": [{"name", "metadata"}]}, each member's tensors prefixed "<name>/". A param's step
+ *  counts its updates: it holds state exactly when that step is positive (Muon files from before
+ *  0.4 hold 0 for every param step). */
 struct StateDict {
   /** The state tensors by name, on the host. */
   std::map<std::string, Tensor> tensors;

@@ -248,6 +248,9 @@ class PipelineSwapRuntime {
   void issue_d2h(Batch& batch, size_t index);
   void wait_offload(Batch& batch, size_t index);
   void drain(std::span<Batch> batches);
+  /** Waits for each copy stream, the second also when the first's wait fails; never throws (for
+   *  the clean-up after a failed step and the destructor). */
+  void settle_copies() noexcept;
   /** Runs batches that are not chunked (their arenas allocated, packed); `step` runs batch i. */
   using BatchStep = std::function<void(Batch& batch, size_t index)>;
   void run_unpacked(std::span<Batch> batches, const BatchStep& step);
