@@ -27,6 +27,7 @@ StateDict broadcast_state_to_replicas(Muon& muon, StateDict state) {
   std::exception_ptr refused;
   try {
     meta = json::parse(state.metadata);
+    json::check_optimizer_metadata_keys(meta);
     // This rank's own state: its optimizer, params, shards and kept state (another rank's, of the
     // same shapes, would send that rank's momentum to this rank's replicas).
     const json::Value own = json::parse(muon.metadata_json());

@@ -151,6 +151,11 @@ void check_known_keys(const Value& v, std::initializer_list<std::string_view> kn
   }
 }
 
+void check_optimizer_metadata_keys(const Value& meta) {
+  check_known_keys(meta, {"optimizer", "groups", "param_steps", "param_names", "param_shards", "param_kept"},
+                   "metadata");
+}
+
 const std::string& optimizer_named(const Value& meta) {
   SWAPOPT_CHECK(meta.is_object() && meta.contains("optimizer"),
                 "[checkpoint] its metadata names no optimizer: not an optimizer's checkpoint (a file of another "

@@ -39,6 +39,9 @@ const Value& member(const Value& v, const std::string& key, const std::string& w
  *  the object `v` that `known` does not list: a misspelt or newer field is refused, not ignored. */
 void check_known_keys(const Value& v, std::initializer_list<std::string_view> known, const std::string& what);
 
+/** check_known_keys for one optimizer's metadata (Optimizer::metadata_json writes them). */
+void check_optimizer_metadata_keys(const Value& meta);
+
 /** The optimizer a checkpoint's metadata names ("Muon", or a set's "Muon+AdamW"); throws "[checkpoint]
  *  its metadata names no optimizer: ..." when `meta` is not an object with one (a file of another
  *  StateDict, such as the weights). */

@@ -545,8 +545,7 @@ std::function<void()> Optimizer::prepare_load(
   const json::Value meta = json::parse(checkpoint.metadata);
   const std::string& optimizer = json::optimizer_named(meta);
   SWAPOPT_CHECK(optimizer == name_, "[checkpoint] holds " << optimizer << " state, this optimizer is " << name_);
-  json::check_known_keys(meta, {"optimizer", "groups", "param_steps", "param_names", "param_shards", "param_kept"},
-                         "metadata");
+  json::check_optimizer_metadata_keys(meta);
   check_names_unchanged();
   if (meta.contains("param_names")) {  // files written before swapopt 0.3 have none: they load by index
     std::vector<std::string> ours, theirs;
