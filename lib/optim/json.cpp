@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "../core/comma_list.h"
 #include "swapopt/core/error.h"
 
 namespace swapopt::json {
@@ -145,9 +146,8 @@ const Value& member(const Value& v, const std::string& key, const std::string& w
 void check_known_keys(const Value& v, std::initializer_list<std::string_view> known, const std::string& what) {
   for (const auto& [key, value] : get_object(v, what)) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string expected;
-    for (const std::string_view k : known) expected += (expected.empty() ? "" : ", ") + std::string(k);
-    SWAPOPT_FAIL("[checkpoint] metadata: " << what << " has unknown key '" << key << "' (expected " << expected << ")");
+    SWAPOPT_FAIL("[checkpoint] metadata: " << what << " has unknown key '" << key << "' (expected "
+                                           << comma_list(std::vector<std::string>(known.begin(), known.end())) << ")");
   }
 }
 
