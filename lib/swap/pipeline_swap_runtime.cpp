@@ -586,33 +586,45 @@ void PipelineSwapRuntime::retire(ReportInFlight& set, bool force) {
 }
 
 void PipelineSwapRuntime::allocate_arenas(std::span<const Batch> batches) {
+  ArenaSizes sizes{};
+  for (size_t parity = 0; parity < kInFlight; ++parity) sizes[parity] = arena_needs(batches, parity);
+  allocate_arenas(sizes);
+}
+
+void PipelineSwapRuntime::allocate_arenas(const ArenaSizes& sizes) {
+  size_t count = 0;
   if (config_.retain_arenas) {
     // Each arena's bytes, plus what an allocator rounds a block up to (a CUDA pool maps 2 MiB
     // pages; the CPU backend rounds large blocks to 1 MiB).
     size_t bytes = 0;
-    for (size_t parity = 0; parity < kInFlight; ++parity)
-      for (size_t need : arena_needs(batches, parity))
-        if (need > 0) bytes += need + (size_t(2) << 20);
+    for (const std::array<size_t, 3>& need : sizes)
+      for (size_t d = 0; d < 3; ++d)
+        if (need[d] > 0) bytes += need[d] + (size_t(2) << 20);
     device_allocator(compute_.device()).retain_freed(bytes);
   }
-  for (size_t parity = 0; parity < kInFlight; ++parity) {
-    const std::array<size_t, 3> need = arena_needs(batches, parity);
+  for (size_t parity = 0; parity < kInFlight; ++parity)
     for (size_t d = 0; d < 3; ++d) {
-      if (need[d] == 0) continue;
-      arenas_[parity][d] = std::make_shared<Storage>(need[d], compute_.device(), device_allocator(compute_.device()), &h2d_);
-      track_resident((long long)need[d]);
+      const size_t need = sizes[parity][d];
+      if (need == 0) continue;
+      arenas_[parity][d] =
+          std::make_shared<Storage>(need, compute_.device(), device_allocator(compute_.device()), &h2d_);
+      track_resident((long long)need);
+      ++count;
     }
-  }
+  if (count > 0) trace("allocate_arenas", count);
 }
 
 void PipelineSwapRuntime::free_arenas() {
+  size_t count = 0;
   for (auto& by_dtype : arenas_)
     for (auto& arena : by_dtype) {
       if (!arena) continue;
       track_resident(-(long long)arena->nbytes());
       arena->release(&compute_);  // after the compute stream's waits on the last offloads
       arena.reset();
+      ++count;
     }
+  if (count > 0) trace("free_arenas", count);
 }
 
 size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to_device) {
@@ -748,8 +760,8 @@ void PipelineSwapRuntime::run_packed(std::span<Batch> batches, const BatchStep& 
     issue_d2h(batches[i], i);  // D2H(i), then H2D(i + ring) into the same arena once D2H(i) has read it
     if (i + ring < batches.size()) issue_h2d(batches[i + ring], i + ring);
   }
-  for (size_t i = batches.size() >= ring ? batches.size() - ring : 0; i < batches.size(); ++i) wait_offload(batches[i], i);
-  free_arenas();
+  for (size_t i = batches.size() >= ring ? batches.size() - ring : 0; i < batches.size(); ++i)
+    wait_offload(batches[i], i);
 }
 
 void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapter) {
@@ -759,6 +771,14 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
   std::unordered_map<const Param*, std::pair<size_t, size_t>> chunks_of;  // [begin, end) in `chunks`
   for (size_t i = 0; i < chunks.size(); ++i)
     chunks_of.try_emplace(chunks[i].chunk_param, i, i).first->second.second = i + 1;
+  // The unit's two arenas, each sized for its largest chunk, allocated at its first part and kept
+  // for the next ones (an HSDP assignment streams one Newton-Schulz batch's state at a time), so
+  // that its parts neither free and allocate again nor hold two parts' arenas at once.
+  ArenaSizes sizes{};
+  for (const Batch& c : chunks)
+    for (size_t d = 0; d < 3; ++d) sizes[0][d] = std::max(sizes[0][d], c.arena_bytes[d]);
+  if (chunks.size() > 1) sizes[1] = sizes[0];
+  bool arenas_held = false;  // a drain after a failed part frees them
   adapter.step_chunked(unit, [&](const std::vector<Param*>& params, const StateSwapAdapter::ChunkStep& step) {
     std::vector<Batch> part;  // the chunks of `params`, in that order, each param's taken once
     for (const Param* p : params) {
@@ -770,7 +790,8 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
       chunks_of.erase(it);
     }
     for (size_t i = 0; i < part.size(); ++i) part[i].parity = i % kChunkArenas;
-    allocate_arenas(part);
+    if (!arenas_held) allocate_arenas(sizes);
+    arenas_held = true;
     const BatchStep step_chunk = [&](Batch& c, size_t) {
       StateChunk chunk;
       chunk.param = c.chunk_param;
@@ -788,10 +809,12 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
     try {
       run_packed(part, step_chunk, kChunkArenas);
     } catch (...) {
+      arenas_held = false;
       drain(part);
       throw;
     }
   });
+  free_arenas();
   for (const Param* p : unit.params)  // in the unit's order, so the error names the first one missed
     SWAPOPT_CHECK(!chunks_of.contains(p),
                   "[swap] a chunked unit's update did not stream the state of '" << p->name << "'");
@@ -934,6 +957,7 @@ void PipelineSwapRuntime::run(std::span<UpdateUnit> units, const std::vector<siz
       if (config_.packed) {
         if (!(adopted && begin == 0)) allocate_arenas(segment);
         run_packed(segment, step_whole, kInFlight);
+        free_arenas();
       } else {
         run_unpacked(segment, step_whole);
       }

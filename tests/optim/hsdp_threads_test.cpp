@@ -689,6 +689,36 @@ TEST_CASE("broadcast_state_to_replicas refuses another rank's state dict on ever
   CHECK(errors == std::vector<std::string>{"", ""});
 }
 
+namespace {
+
+/** Two replicated params on a 1x1 mesh, of two core shapes: one HSDP assignment of two NS batches. */
+std::vector<ParamPtr> two_batch_replicated_model(uint32_t seed) {
+  auto mesh =
+      std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
+  std::vector<ParamPtr> params;
+  const Shape shapes[] = {{64, 48}, {32, 40}};
+  for (uint32_t i = 0; i < 2; ++i) {
+    ParamPtr p = make_param("w" + std::to_string(i), test::random_tensor(shapes[i], DType::f32, seed + i));
+    p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
+    params.push_back(p);
+  }
+  return params;
+}
+
+/** Gives `bare` and `inner` (the Muon a swap wrapper will hold) their params, then HSDP over `comm`. */
+void enable_bare_and_inner(Muon& bare, const std::vector<ParamPtr>& bare_params, Muon& inner,
+                           const std::vector<ParamPtr>& inner_params, const std::shared_ptr<Communicator>& comm) {
+  bare.add_param_group(bare_params);
+  inner.add_param_group(inner_params);
+  HsdpOptions options;
+  options.name = "bare";
+  bare.enable_hsdp(comm, options);
+  options.name = "swapped";
+  inner.enable_hsdp(comm, options);
+}
+
+}  // namespace
+
 TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update keeps the momentum the bare step kept") {
   // One replicated assignment of two NS batches (two core shapes) on a 1x1 mesh: the hook throws
   // at the k-th NS call of step 1, after the optimizer created and counted the momentum of the
@@ -702,18 +732,7 @@ TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update kee
       CAPTURE(throw_at);
       auto world = std::make_shared<test::ThreadWorld>();
       auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", 0, 1);
-      auto mesh =
-          std::make_shared<DeviceMesh>(std::vector<int64_t>{1, 1}, std::vector<std::string>{"replicate", "shard"}, 0);
-      const auto model = [&] {
-        std::vector<ParamPtr> params;
-        const Shape shapes[] = {{64, 48}, {32, 40}};
-        for (uint32_t i = 0; i < 2; ++i) {
-          ParamPtr p = make_param("w" + std::to_string(i), test::random_tensor(shapes[i], DType::f32, 10 + i));
-          p->layout = DTensor(p->data, shapes[i], mesh, {Placement::Replicate(), Placement::Replicate()});
-          params.push_back(p);
-        }
-        return params;
-      };
+      const auto model = [] { return two_batch_replicated_model(10); };
       const auto hooks = [throw_at](int* calls) {
         MuonHooks h;
         h.zeropower_fn = [calls, throw_at](Stream&, const Tensor&, int) {
@@ -724,13 +743,7 @@ TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update kee
       int bare_calls = 0, swap_calls = 0;
       auto bare_params = model(), swap_params = model();
       Muon bare(Stream(Device::cpu()), hooks(&bare_calls)), inner(Stream(Device::cpu()), hooks(&swap_calls));
-      bare.add_param_group(bare_params);
-      inner.add_param_group(swap_params);
-      HsdpOptions options;
-      options.name = "bare";
-      bare.enable_hsdp(comm, options);
-      options.name = "swapped";
-      inner.enable_hsdp(comm, options);
+      enable_bare_and_inner(bare, bare_params, inner, swap_params, comm);
       SwapConfig config{.min_numel = 1};
       if (chunked) config.device_budget_bytes = 80000;
       auto swapped = swap_muon(inner, config);
@@ -753,4 +766,45 @@ TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update kee
         if (step > 1) CHECK(swapped->last_report().chunked_units == (chunked ? 1 : 0));
       }
     }
+}
+
+TEST_CASE("HSDP swapped: a chunked replicated assignment allocates its arenas once for all of its NS batches") {
+  // Two core shapes, two NS batches: the assignment streams its momentum batch by batch, each
+  // batch a part of the unit's chunks. Each part allocated and freed the unit's arenas until
+  // 2026-12-07 (a CUDA review found it): a pool that may not reuse memory across streams held two
+  // parts' arenas at once. Now both arenas come once, before the first part, and go after the last.
+  auto world = std::make_shared<test::ThreadWorld>();
+  auto comm = std::make_shared<test::ThreadCommunicator>(world, "world", 0, 1);
+  const auto model = [] { return two_batch_replicated_model(20); };
+  auto bare_params = model(), swap_params = model();
+  Muon bare(Stream(Device::cpu())), inner(Stream(Device::cpu()));
+  enable_bare_and_inner(bare, bare_params, inner, swap_params, comm);
+  const size_t budget = 80000;
+  auto swapped = swap_muon(inner, SwapConfig{.min_numel = 1, .device_budget_bytes = budget});
+  std::vector<std::string> seen;
+  swapped->runtime().set_trace([&](const std::string& e) { seen.push_back(e); });
+  for (int step = 1; step <= 3; ++step) {
+    CAPTURE(step);
+    for (size_t i = 0; i < bare_params.size(); ++i) {
+      bare_params[i]->grad =
+          test::random_tensor(bare_params[i]->data.shape(), DType::f32, 200 * uint32_t(step) + uint32_t(i));
+      swap_params[i]->grad = bare_params[i]->grad.clone();
+    }
+    seen.clear();
+    bare.step();
+    swapped->step();
+    bare.stream().synchronize();
+    swapped->synchronize();
+    const auto count = [&](const std::string& prefix) {
+      return std::count_if(seen.begin(), seen.end(), [&](const std::string& e) { return e.starts_with(prefix); });
+    };
+    CHECK(count("h2d 0") == 2);  // one part per NS batch
+    CHECK(count("allocate_arenas ") == 1);
+    CHECK(count("free_arenas ") == 1);
+    CHECK(seen.front().starts_with("allocate_arenas "));
+    CHECK(seen.back().starts_with("free_arenas "));
+    if (step > 1) CHECK(swapped->last_report().chunked_units == 1);
+    CHECK(swapped->last_report().peak_resident_bytes + swapped->last_report().peak_workspace_bytes <= budget);
+    for (size_t i = 0; i < bare_params.size(); ++i) CHECK(test::same_bits(bare_params[i]->data, swap_params[i]->data));
+  }
 }

@@ -300,23 +300,28 @@ TEST_SUITE("swap") {
   TEST_CASE("the exact copy/compute call sequence for 1, 2 and 5 batches, packed and not") {
     const std::map<std::pair<int, bool>, std::vector<std::string>> expected = {
         {{1, false}, {"h2d 0", "wait_ready 0", "step 0", "d2h 0", "wait_offload 0"}},
-        {{1, true}, {"h2d 0", "wait_ready 0", "step 0", "d2h 0", "wait_offload 0"}},
+        {{1, true},
+         {"allocate_arenas 1", "h2d 0", "wait_ready 0", "step 0", "d2h 0", "wait_offload 0", "free_arenas 1"}},
         {{2, false},
          {"h2d 0", "wait_ready 0", "h2d 1", "step 0", "d2h 0", "wait_ready 1", "step 1", "d2h 1", "wait_offload 0",
           "wait_offload 1"}},
         {{2, true},
-         {"h2d 0", "h2d 1", "wait_ready 0", "step 0", "d2h 0", "wait_ready 1", "step 1", "d2h 1", "wait_offload 0",
-          "wait_offload 1"}},
+         {"allocate_arenas 2", "h2d 0", "h2d 1", "wait_ready 0", "step 0", "d2h 0", "wait_ready 1", "step 1", "d2h 1",
+          "wait_offload 0", "wait_offload 1", "free_arenas 2"}},
         // Three batches in flight: the load of batch n + 1 (unpacked) or n + 3 (packed) follows the
         // offload of batch n - 2 (n), so that batch n - 1's offload overlaps it.
-        {{5, false},
-         {"h2d 0", "wait_ready 0", "h2d 1", "step 0", "d2h 0", "wait_ready 1", "h2d 2", "step 1", "d2h 1", "wait_ready 2",
-          "wait_offload 0", "h2d 3", "step 2", "d2h 2", "wait_ready 3", "wait_offload 1", "h2d 4", "step 3", "d2h 3",
-          "wait_ready 4", "wait_offload 2", "step 4", "d2h 4", "wait_offload 3", "wait_offload 4"}},
-        {{5, true},
-         {"h2d 0", "h2d 1", "h2d 2", "wait_ready 0", "step 0", "d2h 0", "h2d 3", "wait_ready 1", "step 1", "d2h 1", "h2d 4",
-          "wait_ready 2", "step 2", "d2h 2", "wait_ready 3", "wait_offload 0", "step 3", "d2h 3", "wait_ready 4",
-          "wait_offload 1", "step 4", "d2h 4", "wait_offload 2", "wait_offload 3", "wait_offload 4"}},
+        {{5, false}, {"h2d 0",          "wait_ready 0", "h2d 1",  "step 0",         "d2h 0",
+                      "wait_ready 1",   "h2d 2",        "step 1", "d2h 1",          "wait_ready 2",
+                      "wait_offload 0", "h2d 3",        "step 2", "d2h 2",          "wait_ready 3",
+                      "wait_offload 1", "h2d 4",        "step 3", "d2h 3",          "wait_ready 4",
+                      "wait_offload 2", "step 4",       "d2h 4",  "wait_offload 3", "wait_offload 4"}},
+        {{5, true}, {"allocate_arenas 3", "h2d 0",          "h2d 1",        "h2d 2",
+                     "wait_ready 0",      "step 0",         "d2h 0",        "h2d 3",
+                     "wait_ready 1",      "step 1",         "d2h 1",        "h2d 4",
+                     "wait_ready 2",      "step 2",         "d2h 2",        "wait_ready 3",
+                     "wait_offload 0",    "step 3",         "d2h 3",        "wait_ready 4",
+                     "wait_offload 1",    "step 4",         "d2h 4",        "wait_offload 2",
+                     "wait_offload 3",    "wait_offload 4", "free_arenas 3"}},
     };
     for (const auto& [key, want] : expected) {
       CAPTURE(key.first);

@@ -171,7 +171,9 @@ class PipelineSwapRuntime {
    *  (loading a checkpoint) or writes a checkpoint file itself. */
   void wait_mirror_reader();
 
-  /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" in order. */
+  /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" (N: the
+   *  batch or chunk in its segment or part), and "allocate_arenas K", "free_arenas K" (K: how many
+   *  packed staging arenas), in order. */
   void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
 
   /** Pinned bytes held for mirrors (slots' bytes plus their 64-byte alignment padding). */
@@ -237,7 +239,11 @@ class PipelineSwapRuntime {
                                                  size_t budget, PlanMiss& miss, bool thorough = true) const;
   /** The least budget above `failing` whose plan_within() holds a plan (one byte less does not). */
   size_t least_budget(const std::vector<UpdateUnit>& units, const std::vector<int64_t>& costs, size_t failing) const;
+  /** Per arena (parity) and dtype: the staging bytes to allocate. */
+  using ArenaSizes = std::array<std::array<size_t, 3>, kInFlight>;
+  /** Packed: the arenas `batches` need (arena_needs of each parity). */
   void allocate_arenas(std::span<const Batch> batches);
+  void allocate_arenas(const ArenaSizes& sizes);
   void free_arenas();
   /** Packed: one copy per run between the host mirror and arena `parity`; returns bytes. */
   size_t copy_runs(const Batch& batch, size_t parity, bool to_device);
@@ -254,7 +260,8 @@ class PipelineSwapRuntime {
   /** Runs batches that are not chunked (their arenas allocated, packed); `step` runs batch i. */
   using BatchStep = std::function<void(Batch& batch, size_t index)>;
   void run_unpacked(std::span<Batch> batches, const BatchStep& step);
-  /** Packed: batch i in arena i % `ring`; its reload waits for the offload of batch i - ring. */
+  /** Packed: batch i in arena i % `ring`; its reload waits for the offload of batch i - ring.
+   *  The arenas, allocated by the caller, stay allocated. */
   void run_packed(std::span<Batch> batches, const BatchStep& step, size_t ring);
   /** A chunked unit: the adapter's step_chunked, whose state stream (once, or in parts of the
    *  unit's params) runs their chunks through kChunkArenas arenas on run_packed's schedule. */
