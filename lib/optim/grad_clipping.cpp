@@ -27,6 +27,9 @@ std::vector<const Param*> checked_grads(const std::vector<ParamPtr>& params, dou
     if (!p->has_grad()) continue;
     const Tensor& g = p->grad;
     SWAPOPT_CHECK(!g.is_released(), "[clip_grad_norm] grad of '" << p->name << "' has released storage");
+    // A grad of another shape (the full tensor beside a shard, say) would be counted as it is.
+    SWAPOPT_CHECK(g.shape() == p->data.shape(),
+                  "[clip_grad_norm] grad of '" << p->name << "' is " << g.str() << ", the param " << p->data.str());
     SWAPOPT_CHECK(g.device() == stream.device() && g.is_contiguous(),
                   "[clip_grad_norm] grad of '" << p->name << "' must be contiguous on " << stream.device().str()
                                                << ", got " << g.str());

@@ -116,7 +116,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("clip_grad_norm refuses a param listed twice, grads sharing memory and released grads, changing nothing") {
+TEST_CASE(
+    "clip_grad_norm refuses a param listed twice, grads sharing memory, released grads and grads of another shape, "
+    "changing nothing") {
   Stream stream(Device::cpu());
   std::vector<ParamPtr> params = with_grads(3, 10.f);
   const auto grads = [&] {
@@ -138,6 +140,11 @@ TEST_CASE("clip_grad_norm refuses a param listed twice, grads sharing memory and
   params[1]->grad = released;
   CHECK(test::error_of([&] { clip_grad_norm(params, 1.0, stream); }) ==
         "[clip_grad_norm] grad of 'v' has released storage");
+  params[1]->grad = Tensor::from_floats(before[1], {5});
+  CHECK(grads() == before);
+  params[1]->grad = Tensor::from_floats(before[1], {1, 5});  // the same elements, another shape
+  CHECK(test::error_of([&] { clip_grad_norm(params, 1.0, stream); }) ==
+        "[clip_grad_norm] grad of 'v' is Tensor(f32, [1, 5], cpu), the param Tensor(f32, [5], cpu)");
   params[1]->grad = Tensor::from_floats(before[1], {5});
   CHECK(grads() == before);
   const double want = reference_norm(params);
@@ -240,6 +247,12 @@ TEST_CASE("clip_grad_norm across ranks: bad input on one rank throws on every ra
          return clip_grad_norm(p, 1.0, s, c);
        },
        "[clip_grad_norm] grad of 'w' must be contiguous on cpu, got Tensor(f32, [8, 6], cpu)"},
+      {"a grad of another shape than its param",
+       [](std::vector<ParamPtr>& p, Stream& s, Communicator* c) {
+         p[0]->grad = Tensor::zeros({6, 8}, DType::f32, Device::cpu());
+         return clip_grad_norm(p, 1.0, s, c);
+       },
+       "[clip_grad_norm] grad of 'w' is Tensor(f32, [6, 8], cpu), the param Tensor(f32, [8, 6], cpu)"},
       {"a param listed twice",
        [](std::vector<ParamPtr>& p, Stream& s, Communicator* c) {
          p.push_back(p[0]);

@@ -20,7 +20,8 @@ namespace swapopt {
  *  ranks passing different max_norm all throw ("[clip_grad_norm] ranks pass different max_norm
  *  (rank 0: 1, rank 1: 100): ..."), scaling nothing. A non-finite norm is
  *  returned and clips nothing. Throws, changing nothing, for a null param, a param listed twice,
- *  a grad released, not contiguous or on another device, and grads sharing memory (each would be
+ *  a grad released, of another shape than its param's data, not contiguous or on another
+ *  device, and grads sharing memory (each would be
  *  counted and scaled twice). With `world`, a rank whose checks fail still joins the exchange,
  *  and every other rank throws too ("[clip_grad_norm] failed its checks on 1 of 2 ranks ..."),
  *  so none is left waiting in it.
