@@ -628,9 +628,6 @@ std::function<void()> Optimizer::prepare_load(
                       << "' was put into param_groups() directly: add params with add_param_group()");
   check_layouts();
   const PreparedOptions options = prepare_group_options(options_json);
-  for (size_t g = 0; g < groups_.size(); ++g)
-    check_keys_fit_wrapper(g, options.group_state_keys[g], "cannot load this checkpoint's options while wrapped",
-                           "give the optimizer these options before wrapping it, or load the checkpoint unwrapped");
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();
@@ -690,6 +687,10 @@ std::function<void()> Optimizer::prepare_load(
     SWAPOPT_CHECK(param_steps[i] <= group_steps[group_of[i]],
                   what << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
   }
+  // Last: a checkpoint that is wrong in itself gets the message it gets unwrapped.
+  for (size_t g = 0; g < groups_.size(); ++g)
+    check_keys_fit_wrapper(g, options.group_state_keys[g], "cannot load this checkpoint's options while wrapped",
+                           "give the optimizer these options before wrapping it, or load the checkpoint unwrapped");
   std::function<void()> apply_options = options.apply;
   return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {
     apply_options();

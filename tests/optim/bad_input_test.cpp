@@ -1158,6 +1158,15 @@ TEST_SUITE("bad input") {
       CHECK(error_of([&] { swapped->step(); }) == want_set);
       adamw.mutable_options(0).amsgrad = false;
       CHECK(error_of([&] { swapped->load_state_dict(checkpoint); }) == want_load);
+      // A checkpoint wrong in itself (amsgrad on, no max_exp_avg_sq) gets the unwrapped message:
+      // the wrapper's check came first and named the options instead.
+      StateDict no_max = checkpoint;
+      std::erase_if(no_max.tensors, [](const auto& t) { return t.first.ends_with(".max_exp_avg_sq"); });
+      const std::string want_broken = "[checkpoint] param 0 ('w0') has 'exp_avg' but not 'max_exp_avg_sq'";
+      CHECK(error_of([&] { swapped->load_state_dict(no_max); }) == want_broken);
+      AdamW unwrapped(Stream(Device::cpu()));
+      unwrapped.add_param_group(model(true));
+      CHECK(error_of([&] { unwrapped.load_state_dict(no_max); }) == want_broken);
       CHECK_FALSE(adamw.options(0).amsgrad);
       CHECK(snapshot(adamw, params, swapped.get()) == before);
 
