@@ -24,9 +24,10 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
   json::check_known_keys(meta, {"optimizer", "members"}, "metadata");
   const auto& listed = json::get_array(json::member(meta, "members", "metadata"), "members");
   std::vector<std::string> held;
+  const auto entry = [](size_t i) { return "members[" + std::to_string(i) + "]"; };
   for (size_t i = 0; i < listed.size(); ++i) {
-    json::check_known_keys(listed[i], {"name", "metadata"}, "members[" + std::to_string(i) + "]");
-    held.push_back(json::get_string(json::member(listed[i], "name", "members[]"), "name"));
+    json::check_known_keys(listed[i], {"name", "metadata"}, entry(i));
+    held.push_back(json::get_string(json::member(listed[i], "name", entry(i)), entry(i) + ".name"));
   }
   SWAPOPT_CHECK(held == names,
                 "[checkpoint] holds members [" << comma_list(held) << "], this set has [" << comma_list(names) << "]");
@@ -35,7 +36,7 @@ std::vector<CheckpointReader> split_members(const CheckpointReader& checkpoint, 
 
   std::vector<CheckpointReader> parts(names.size());
   for (size_t i = 0; i < names.size(); ++i)
-    parts[i].metadata = json::get_string(json::member(listed[i], "metadata", "members[]"), "metadata");
+    parts[i].metadata = json::get_string(json::member(listed[i], "metadata", entry(i)), entry(i) + ".metadata");
   for (const auto& [name, tensor] : checkpoint.tensors) {
     const size_t slash = name.find('/');
     bool placed = false;

@@ -317,6 +317,18 @@ TEST_SUITE("swap") {
           "[checkpoint] metadata: metadata has unknown key 'version' (expected optimizer, members)");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\"members\":[{", "\"weight\":1,")); }) ==
           "[checkpoint] metadata: members[0] has unknown key 'weight' (expected name, metadata)");
+    // A member entry's own fields are named with its index too.
+    auto with_text = [&](const std::string& from, const std::string& to) {
+      StateDict edited = good;
+      const size_t at = edited.metadata.find(from);
+      REQUIRE(at != std::string::npos);
+      edited.metadata.replace(at, from.size(), to);
+      return edited;
+    };
+    CHECK(error_of([&] { t.set->load_state_dict(with_text(",\"name\":\"adamw\"}", "}")); }) ==
+          "[checkpoint] metadata: members[1] has no 'name'");
+    CHECK(error_of([&] { t.set->load_state_dict(with_text("\"name\":\"adamw\"", "\"name\":7")); }) ==
+          "[checkpoint] metadata: members[1].name must be a string");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\\\"optimizer\\\":\\\"AdamW\\\"", ",\\\"beta3\\\":1")); }) ==
           "[checkpoint] member 'adamw': metadata: metadata has unknown key 'beta3' (expected optimizer, groups, "
           "param_steps, param_names, param_shards, param_kept)");
