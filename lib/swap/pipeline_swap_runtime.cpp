@@ -11,6 +11,7 @@
 #include "swapopt/core/allocator.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
+#include "swapopt/optim/hsdp.h"
 
 namespace swapopt {
 
@@ -429,6 +430,9 @@ std::vector<size_t> PipelineSwapRuntime::plan_batches(std::vector<UpdateUnit>& u
   if (miss.unit.empty()) {
     what << " cannot hold the batches in flight (the closest plan needs " << miss.smallest_need << " bytes, "
          << miss.need_workspace << " of them the largest unit workspace)";
+  } else if (miss.state_bytes == 0) {
+    what << " is below the workspace of an update unit that swaps no state: " << miss.workspace_bytes << " bytes ("
+         << miss.unit << ")";
   } else if (!miss.chunkable) {
     what << " is below an update unit that cannot run in chunks: " << miss.state_bytes << " bytes of state + "
          << miss.workspace_bytes << " bytes of workspace (" << miss.unit << ")";
@@ -473,9 +477,22 @@ std::optional<std::vector<size_t>> PipelineSwapRuntime::plan_within(std::vector<
   if (too_large != nullptr) {
     const UpdateUnit& u = *too_large;
     std::ostringstream which;
-    which << "the unit of '" << (u.params.empty() ? std::string() : u.params.front()->name) << "'";
-    if (u.params.size() > 1)
-      which << " and " << (u.params.size() - 1) << " more param" << (u.params.size() > 2 ? "s" : "");
+    const auto first_and_more = [&](const std::vector<Param*>& params) {
+      which << "'" << params.front()->name << "'";
+      if (params.size() > 1) which << " and " << (params.size() - 1) << " more param" << (params.size() > 2 ? "s" : "");
+    };
+    if (!u.params.empty()) {
+      which << "the unit of ";
+      first_and_more(u.params);
+    } else if (u.assignment != nullptr && !u.assignment->params.empty()) {
+      // This rank updates none of the assignment's params; its unit still holds the buffers of
+      // the assignment's collectives.
+      which << "the HSDP assignment of ";
+      first_and_more(u.assignment->params);
+      which << ", none of whose params this rank updates";
+    } else {
+      which << "a unit without params";
+    }
     miss.unit = which.str();
     miss.chunkable = u.chunkable;
     miss.state_bytes = state_bytes(u);

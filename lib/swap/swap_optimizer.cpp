@@ -10,6 +10,7 @@
 #include "../core/comma_list.h"
 #include "../optim/checkpoint_stream.h"
 #include "async_save.h"
+#include "budget_miss.h"
 #include "swapopt/core/error.h"
 #include "swapopt/core/ops.h"
 #include "swapopt/swap/adamw_swap_adapter.h"
@@ -103,7 +104,14 @@ SwapOptimizer::PlannedStep SwapOptimizer::plan_checked_step() {
 void SwapOptimizer::plan_units(PlannedStep& plan) {
   plan.units = adapter_->plan_units(false);
   runtime_.attach_slots(plan.units, optimizer());
-  plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
+  try {
+    plan.batch_sizes = runtime_.plan_batches(plan.units, adapter_->partition_costs(plan.units));
+  } catch (const BudgetMiss& miss) {
+    // Under HSDP each rank plans the units it runs (an owner holds a matrix's NS workspace): the
+    // least budget found is this rank's, and another rank's may be larger.
+    if (optimizer().spans_ranks()) throw miss.naming(miss.least(), true);
+    throw;
+  }
 }
 
 std::string SwapOptimizer::budget_elsewhere() const {

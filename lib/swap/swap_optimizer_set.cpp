@@ -94,15 +94,17 @@ void SwapOptimizerSet::step() {
     const auto plan_all = [&] {
       std::optional<BudgetMiss> first;
       size_t least = 0;
+      bool rank_local = false;
       for (size_t i = 0; i < members_.size(); ++i) {
         try {
           members_[i].second->plan_units(plans[i]);
         } catch (const BudgetMiss& miss) {
           if (!first) first = miss;
           least = std::max(least, miss.least());
+          rank_local = rank_local || miss.rank_local();
         }
       }
-      if (first) throw first->naming(least);
+      if (first) throw first->naming(least, rank_local);
       return false;
     };
     const auto budgeted = std::find_if(members_.begin(), members_.end(), [](const Member& m) {

@@ -1720,6 +1720,42 @@ TEST_SUITE("bad input") {
   }
 
   TEST_CASE(
+      "2-rank HSDP swapped: a budget below the buffers of an assignment a rank updates nothing of names the "
+      "assignment") {
+    // Mesh 2x1, one replicated matrix: its owner updates it, the other rank only receives its
+    // broadcast, a unit with no params of its own. That rank's error named "the unit of ''",
+    // said its 0 bytes of state were less than two chunks would take, and named its own least
+    // budget as the step's (found by a hunting helper).
+    const TwoRankOutcome out = on_two_ranks(
+        [](int rank, const std::shared_ptr<Communicator>& comm, std::string& error, std::string& unchanged) {
+          std::vector<ParamPtr> params = {make_param("w", test::random_tensor({40, 40}, DType::f32, 1))};
+          replicate_matrices(params, rank);
+          Muon muon(Stream(Device::cpu()));
+          muon.add_param_group(params);
+          muon.enable_hsdp(comm, HsdpOptions{.name = "noneOwned"});
+          auto swapped = swap_muon(muon, SwapConfig{.device_budget_bytes = 4000});
+          set_grads(params, 1);
+          const std::string before = snapshot(muon, params, swapped.get());
+          error = error_of([&] { swapped->step(); });
+          unchanged = snapshot(muon, params, swapped.get()) == before ? "yes" : "no";
+        });
+    const std::vector<std::string>& errors = out.errors;
+    const size_t owner = errors[0].find("(the unit of 'w')") != std::string::npos ? 0 : 1;
+    CAPTURE(errors[0]);
+    CAPTURE(errors[1]);
+    CHECK(errors[owner].rfind("[swap] device_budget_bytes 4000 is below an update unit even in chunks: ", 0) == 0);
+    CHECK(errors[1 - owner] ==
+          "[swap] device_budget_bytes 4000 is below the workspace of an update unit that swaps no state: 6400 bytes "
+          "(the HSDP assignment of 'w', none of whose params this rank updates); the least budget that runs this "
+          "rank's part of the step is 6400 bytes (another rank's part may need more)");
+    // Each rank's least budget is its own part's: the owner's is the step's here.
+    CHECK(
+        errors[owner].ends_with("; the least budget that runs this rank's part of the step is 32260 bytes (another "
+                                "rank's part may need more)"));
+    CHECK(out.unchanged == std::vector<std::string>{"yes", "yes"});
+  }
+
+  TEST_CASE(
       "a wrapped optimizer refuses its own step, state_dict, load, a new group, HSDP and a second wrap, changing "
       "nothing") {
     for (bool adamw : {false, true}) {
