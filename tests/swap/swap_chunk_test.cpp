@@ -140,6 +140,42 @@ class MisstreamingChunks : public AdamWSwapAdapter {
   Param* foreign_;
 };
 
+/** AdamW's adapter whose units are one unit of all a group's params, streamed one param per part;
+ *  the first part's step throws, and the adapter catches it and streams the rest. */
+class RecoveringParts : public AdamWSwapAdapter {
+ public:
+  explicit RecoveringParts(AdamW& adamw) : AdamWSwapAdapter(adamw), adamw_(adamw) {}
+  std::vector<UpdateUnit> plan_units(bool assume_all_grads) const override {
+    std::vector<UpdateUnit> units;
+    for (const UpdateUnit& u : AdamWSwapAdapter::plan_units(assume_all_grads)) {
+      if (units.empty() || units.back().group != u.group) {
+        units.push_back(u);
+        continue;
+      }
+      units.back().params.insert(units.back().params.end(), u.params.begin(), u.params.end());
+      units.back().logical_bytes += u.logical_bytes;
+    }
+    return units;
+  }
+  void step_chunked(UpdateUnit& unit, const StateStream& stream_state) override {
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      try {
+        stream_state({unit.params[i]}, [&](const StateChunk& chunk) {
+          if (i == 0) throw Error("the first part fails");
+          adamw_.update_param_chunk(unit.group, *chunk.param, chunk.begin, chunk.end, chunk.staged);
+        });
+      } catch (const Error&) {
+        ++caught;
+      }
+    }
+    unit.done = true;
+  }
+  int caught = 0;
+
+ private:
+  AdamW& adamw_;
+};
+
 /** AdamW's adapter, but no unit may run in chunks. */
 class WholeUnitsAdamW : public AdamWSwapAdapter {
  public:
@@ -526,6 +562,32 @@ TEST_SUITE("swap") {
                                     "', which is not its own or was streamed already this step";
       CHECK(test::error_of([&] { swapped.step(); }) == expected);
     }
+  }
+
+  TEST_CASE("chunked units: a part after a failed one that the adapter caught gets its arenas again") {
+    // The unit's arenas are kept across its parts; the drain after a failed part frees them, so a
+    // later part must allocate them again rather than copy into none.
+    auto params = big_model(12), bare_params = big_model(12);
+    AdamW adamw{Stream(Device::cpu())}, bare{Stream(Device::cpu())};
+    adamw.add_param_group({params[0], params[3]});
+    bare.add_param_group({bare_params[0], bare_params[3]});
+    auto adapter = std::make_unique<RecoveringParts>(adamw);
+    RecoveringParts& recovering = *adapter;
+    SwapOptimizer swapped(std::move(adapter), SwapConfig{.min_numel = 256, .device_budget_bytes = 16 * 1024});
+    std::vector<std::string> seen;
+    swapped.runtime().set_trace([&](const std::string& e) { seen.push_back(e); });
+    set_grads(params, 1);
+    set_grads(bare_params, 1);
+    swapped.step();
+    bare.step();
+    swapped.synchronize();
+    bare.stream().synchronize();
+    CHECK(recovering.caught == 1);
+    CHECK(std::count(seen.begin(), seen.end(), "allocate_arenas 2") == 2);
+    CHECK(swapped.last_report().chunked_units == 1);
+    // The second param was updated as the bare step updates it, the first not at all.
+    CHECK(test::same_bits(params[3]->data, bare_params[3]->data));
+    CHECK(test::same_bits(params[0]->data, big_model(12)[0]->data));
   }
 
   TEST_CASE("plans: the packed need can rise with the batch count, and the plan still finds the count that fits") {
