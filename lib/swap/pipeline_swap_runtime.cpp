@@ -63,6 +63,7 @@ PipelineSwapRuntime::PipelineSwapRuntime(Stream compute, SwapConfig config)
       offloaded_{Event(compute.device()), Event(compute.device()), Event(compute.device())},
       compute_mark_(compute.device()),
       last_offload_(compute.device()),
+      arenas_freed_(compute.device()),
       reports_{ReportInFlight(compute.device()), ReportInFlight(compute.device())} {
   config_.validate();
 }
@@ -610,6 +611,7 @@ void PipelineSwapRuntime::allocate_arenas(std::span<const Batch> batches) {
 
 void PipelineSwapRuntime::allocate_arenas(const ArenaSizes& sizes) {
   size_t count = 0;
+  h2d_.wait(arenas_freed_);  // the last arenas' frees, on the compute stream
   if (config_.retain_arenas) {
     // Each arena's bytes, plus what an allocator rounds a block up to (a CUDA pool maps 2 MiB
     // pages; the CPU backend rounds large blocks to 1 MiB).
@@ -641,7 +643,9 @@ void PipelineSwapRuntime::free_arenas() {
       arena.reset();
       ++count;
     }
-  if (count > 0) trace("free_arenas", count);
+  if (count == 0) return;
+  arenas_freed_.record(compute_);
+  trace("free_arenas", count);
 }
 
 size_t PipelineSwapRuntime::copy_runs(const Batch& batch, size_t parity, bool to_device) {
@@ -790,7 +794,8 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
     chunks_of.try_emplace(chunks[i].chunk_param, i, i).first->second.second = i + 1;
   // The unit's two arenas, each sized for its largest chunk, allocated at its first part and kept
   // for the next ones (an HSDP assignment streams one Newton-Schulz batch's state at a time), so
-  // that its parts neither free and allocate again nor hold two parts' arenas at once.
+  // that its parts neither free and allocate again nor hold two parts' arenas at once; freed
+  // after the last part, before the update's Newton-Schulz that follows it.
   ArenaSizes sizes{};
   for (const Batch& c : chunks)
     for (size_t d = 0; d < 3; ++d) sizes[0][d] = std::max(sizes[0][d], c.arena_bytes[d]);
@@ -807,6 +812,7 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
       chunks_of.erase(it);
     }
     for (size_t i = 0; i < part.size(); ++i) part[i].parity = i % kChunkArenas;
+    if (part.empty()) return;
     if (!arenas_held) allocate_arenas(sizes);
     arenas_held = true;
     const BatchStep step_chunk = [&](Batch& c, size_t) {
@@ -826,12 +832,16 @@ void PipelineSwapRuntime::run_chunked(Batch& unit_batch, StateSwapAdapter& adapt
     try {
       run_packed(part, step_chunk, kChunkArenas);
     } catch (...) {
+      drain(part);  // frees the arenas; where it throws they stay held, and run()'s drain frees them
       arenas_held = false;
-      drain(part);
       throw;
     }
+    if (chunks_of.empty()) {  // the unit's last part
+      free_arenas();
+      arenas_held = false;
+    }
   });
-  free_arenas();
+  free_arenas();                      // still held only where the adapter left params unstreamed (the error below)
   for (const Param* p : unit.params)  // in the unit's order, so the error names the first one missed
     SWAPOPT_CHECK(!chunks_of.contains(p),
                   "[swap] a chunked unit's update did not stream the state of '" << p->name << "'");

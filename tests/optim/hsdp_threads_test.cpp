@@ -754,8 +754,20 @@ TEST_CASE("HSDP swapped: a zeropower_fn throwing at the params' first update kee
               test::random_tensor(bare_params[i]->data.shape(), DType::f32, 100 * uint32_t(step) + uint32_t(i));
           swap_params[i]->grad = bare_params[i]->grad.clone();
         }
+        std::vector<std::string> seen;
+        swapped->runtime().set_trace([&](const std::string& e) { seen.push_back(e); });
         const std::string bare_error = test::error_of([&] { bare.step(); });
         const std::string swap_error = test::error_of([&] { swapped->step(); });
+        swapped->runtime().set_trace(nullptr);
+        // Every arena allocated is freed, also when a hook threw between the unit's parts.
+        const auto storages = [&](const std::string& what) {
+          int n = 0;
+          for (const std::string& e : seen)
+            if (e.starts_with(what)) n += std::stoi(e.substr(what.size()));
+          return n;
+        };
+        CHECK(storages("allocate_arenas ") == storages("free_arenas "));
+        if (chunked) CHECK(storages("allocate_arenas ") > 0);
         bare.stream().synchronize();
         swapped->synchronize();
         CHECK(bare_error == (step == 1 ? "zeropower_fn failed" : ""));
@@ -798,6 +810,7 @@ TEST_CASE("HSDP swapped: a chunked replicated assignment allocates its arenas on
     const auto count = [&](const std::string& prefix) {
       return std::count_if(seen.begin(), seen.end(), [&](const std::string& e) { return e.starts_with(prefix); });
     };
+    REQUIRE(!seen.empty());
     CHECK(count("h2d 0") == 2);  // one part per NS batch
     CHECK(count("allocate_arenas ") == 1);
     CHECK(count("free_arenas ") == 1);

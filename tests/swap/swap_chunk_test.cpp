@@ -403,6 +403,24 @@ TEST_SUITE("swap") {
     CHECK(step_under(767).ends_with("; the least budget that runs this step is 768 bytes"));
   }
 
+  TEST_CASE("a budget below the workspace of a unit whose state stays on the device says it swaps no state") {
+    // A 30x30 matrix's momentum is below min_numel: no state to chunk, only its Newton-Schulz
+    // workspace. Its message compared 0 bytes of state with two chunks.
+    const auto step_under = [](size_t budget) {
+      const ParamPtr w = make_param("w", test::random_tensor({30, 30}, DType::f32, 1));
+      w->grad = test::random_tensor({30, 30}, DType::f32, 2);
+      Muon muon(Stream(Device::cpu()));
+      muon.add_param_group({w});
+      auto swapped = swap_muon(muon, SwapConfig{.device_budget_bytes = budget});
+      return test::error_of([&] { swapped->step(); });
+    };
+    CHECK(step_under(100) ==
+          "[swap] device_budget_bytes 100 is below the workspace of an update unit that swaps no state: 14404 bytes "
+          "(the unit of 'w'); the least budget that runs this step is 14404 bytes");
+    CHECK(step_under(14403).ends_with("; the least budget that runs this step is 14404 bytes"));
+    CHECK(step_under(14404) == "");
+  }
+
   TEST_CASE("chunked units: empty params and empty states of any dtype, whole or chunked") {
     // Muon groups {4, 40, 48} f32 and {0, 40, 48} bf16 into one unit (one core shape); with
     // min_numel 0 the empty one has a 0-byte slot of a dtype no other slot of its chunk uses.

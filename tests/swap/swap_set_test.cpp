@@ -329,6 +329,23 @@ TEST_SUITE("swap") {
           "[checkpoint] metadata: members[1] has no 'name'");
     CHECK(error_of([&] { t.set->load_state_dict(with_text("\"name\":\"adamw\"", "\"name\":7")); }) ==
           "[checkpoint] metadata: members[1].name must be a string");
+    CHECK(error_of([&] { t.set->load_state_dict(with_text("[{\"metadata\":", "[{\"data\":")); }) ==
+          "[checkpoint] metadata: members[0] has unknown key 'data' (expected name, metadata)");
+    CHECK(error_of([&] {
+            StateDict edited = with_text("[{\"metadata\":\"", "[{\"metadata\":[\"");
+            const size_t end = edited.metadata.find("\",\"name\":\"muon\"");
+            REQUIRE(end != std::string::npos);
+            edited.metadata.replace(end, 1, "\"]");
+            t.set->load_state_dict(edited);
+          }) == "[checkpoint] metadata: members[0].metadata must be a string");
+    CHECK(error_of([&] {
+            StateDict edited = good;
+            const size_t begin = edited.metadata.find("[{\"metadata\":\"") + 2;
+            const size_t end = edited.metadata.find("\",\"name\":\"muon\"");
+            REQUIRE(end != std::string::npos);
+            edited.metadata.erase(begin, end + 2 - begin);  // the member entry is {"name":"muon"}
+            t.set->load_state_dict(edited);
+          }) == "[checkpoint] metadata: members[0] has no 'metadata'");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\\\"optimizer\\\":\\\"AdamW\\\"", ",\\\"beta3\\\":1")); }) ==
           "[checkpoint] member 'adamw': metadata: metadata has unknown key 'beta3' (expected optimizer, groups, "
           "param_steps, param_names, param_shards, param_kept)");

@@ -173,7 +173,7 @@ class PipelineSwapRuntime {
 
   /** Test hook: receives "h2d N", "wait_ready N", "step N", "d2h N", "wait_offload N" (N: the
    *  batch or chunk in its segment or part), and "allocate_arenas K", "free_arenas K" (K: how many
-   *  packed staging arenas), in order. */
+   *  staging storages, one per arena and dtype), in order. */
   void set_trace(std::function<void(const std::string&)> trace) { trace_ = std::move(trace); }
 
   /** Pinned bytes held for mirrors (slots' bytes plus their 64-byte alignment padding). */
@@ -285,6 +285,10 @@ class PipelineSwapRuntime {
   std::array<Event, kInFlight> offloaded_;
   Event compute_mark_;
   Event last_offload_;
+  /** Recorded on the compute stream after free_arenas' frees; the next arenas are allocated on the
+   *  H2D stream after it, so that a stream-ordered pool may reuse the freed memory (a pool reuses
+   *  another stream's free only once the allocating stream waits for it). */
+  Event arenas_freed_;
   /** A step's report until all three streams have passed its end; its timers stay untouched until then
    *  (two sets, alternating by step, so one step may run while the previous one's is read). */
   struct ReportInFlight {
