@@ -284,19 +284,20 @@ void Optimizer::check_chunk_start(const Param& param, int64_t begin, int64_t end
                     << "' before its first update's chunk at 0 (that chunk counts the step)");
 }
 
-void Optimizer::fix_layout(const Param& param) {
-  ParamRecord& record = records_[size_t(param_index(&param))];
+void Optimizer::fix_layout(const Param& param) { fix_layout(records_[size_t(param_index(&param))]); }
+
+void Optimizer::fix_layout(ParamRecord& record) {
   if (record.fixed) return;
   record.fixed = true;
-  record.shape = param.data.shape();
-  record.dtype = param.data.dtype();
+  record.shape = record.param->data.shape();
+  record.dtype = record.param->data.dtype();
 }
 
 void Optimizer::set_wrapped(bool wrapped) {
   wrapped_ = wrapped;
   wrapped_state_keys_.clear();
   if (!wrapped) return;
-  for (const ParamRecord& record : records_) fix_layout(*record.param);
+  for (ParamRecord& record : records_) fix_layout(record);
   for (size_t g = 0; g < groups_.size(); ++g) wrapped_state_keys_.push_back(group_state_keys(g));
 }
 
@@ -632,6 +633,7 @@ std::function<void()> Optimizer::prepare_load(
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();
   struct Entry {
+    size_t index;  // the param's
     const Param* param;
     std::string key;
     const TensorReader* tensor;
@@ -667,8 +669,11 @@ std::function<void()> Optimizer::prepare_load(
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
     keys_of[index].push_back(key);
-    if (keeps_state(param)) entries.push_back({&param, key, &tensor});
+    if (keeps_state(param)) entries.push_back({index, &param, key, &tensor});
   }
+  // Written in param order, not the names' ("state.10" before "state.2"): each param's records
+  // and state are then reached in the order they were made, not at random over all of them.
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.index < b.index; });
   // Muon files written before swapopt 0.4 hold 0 for every param step: a param with state is taken
   // as stepped with its group (Muon's math reads no per-param step).
   if (older_files_hold_no_param_steps() &&
@@ -698,7 +703,7 @@ std::function<void()> Optimizer::prepare_load(
     state_.clear();
     for (const Entry& e : entries) {
       write_tensor(*e.param, e.key, *e.tensor);
-      fix_layout(*e.param);  // the tensors were checked against its data as it is now
+      fix_layout(records_[e.index]);  // the tensors were checked against its data as it is now
     }
     for (size_t i = 0; i < by_index.size(); ++i) {
       auto it = state_.find(by_index[i]);

@@ -390,6 +390,8 @@ class Optimizer {
     size_t checked_nbytes = 0;
   };
   std::vector<ParamRecord> records_;
+  /** fix_layout() for the param of `record`, one of records_ (no lookup of its index). */
+  static void fix_layout(ParamRecord& record);
   /** Throws unless `param`'s data has the shape and dtype fixed in `record`, or, not fixed yet,
    *  passes check_unfixed_shape(). */
   void check_layout(const Param& param, const ParamRecord& record) const;
