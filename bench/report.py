@@ -114,7 +114,7 @@ def run(args):
         with open(os.path.join(data, f"{name}.jsonl"), "w") as f:
             f.write(out)
         info["commands"][name] = command_line(name, args.device)
-        info["runs"][name] = {"date": info["date"], "commit": info.get("commit", "?")}
+        info["runs"][name] = {"date": info["date"], "commit": info.get("commit", "?"), "cpu": info.get("cpu", "?")}
     with open(os.path.join(data, "machine.json"), "w") as f:
         json.dump(info, f, indent=1)
         f.write("\n")
@@ -266,8 +266,13 @@ def plot_scale(rows, kept, out, tmp, device):
                                         r["state_dict_swap_us_per_param"], r["state_dict_swap_us_per_param_lo"],
                                         r["state_dict_swap_us_per_param_hi"], r["load_swap_us_per_param"],
                                         r["load_swap_us_per_param_lo"], r["load_swap_us_per_param_hi"],
-                                        kept_ms[r["params"]] * 1e3 / r["params"] if r["params"] in kept_ms else "NaN"]
+                                        kept_ms[r["params"]] * 1e3 / r["params"] if r["params"] in kept_ms else "NaN",
+                                        r.get("copy_new_us_per_param", "NaN"), r.get("copy_into_us_per_param", "NaN")]
                                        for r in rows])
+    # The memcpy floors, where the run measured them.
+    floor_series = (", \\\n     '' using 1:11 with linespoints title 'memcpy to new memory' lc rgb '#4878d0' dt 2 pt 6, \\\n"
+                    "     '' using 1:12 with linespoints title 'memcpy to existing memory' lc rgb '#ee854a' dt 2 pt 4"
+                    if all("copy_new_us_per_param" in r for r in rows) else "")
     # The retain_arenas run only where it was measured (a GPU run before it existed has none).
     retain_series = ", \\\n     '' using 1:10 with linespoints title 'swapped, retain_arenas' lc rgb '#6acc64' pt 5" if kept else ""
     gnuplot(HEADER.format(w=1100, h=440, out=out) + f"""
@@ -282,7 +287,7 @@ plot '{dat}' using 1:2 with linespoints title 'bare' lc rgb '#999999' pt 7, \\
      '' using 1:3 with linespoints title 'swapped' lc rgb '#4878d0' pt 7{retain_series}
 set title 'checkpoint, swapped (bars: fastest-slowest run)'
 plot '{dat}' using 1:4:5:6 with yerrorlines title 'state_dict()' lc rgb '#4878d0' pt 7, \\
-     '' using 1:7:8:9 with yerrorlines title 'load_state_dict()' lc rgb '#ee854a' pt 5
+     '' using 1:7:8:9 with yerrorlines title 'load_state_dict()' lc rgb '#ee854a' pt 5{floor_series}
 unset multiplot
 """)
 
@@ -332,7 +337,9 @@ def block_machine(info, device):
     runs = info.get("runs", {})
     for name, command in info.get("commands", {}).items():
         run = runs.get(name, {"date": info.get("date", "?"), "commit": info.get("commit", "?")})
-        lines.append(f"- `{command}` ({run['date']}, commit `{run['commit']}`)")
+        # A partial run (--only) on another machine says so: its figures are not comparable.
+        elsewhere = f", on {run['cpu']}" if run.get("cpu", info.get("cpu")) != info.get("cpu") else ""
+        lines.append(f"- `{command}` ({run['date']}, commit `{run['commit']}`{elsewhere})")
     return "\n".join(lines)
 
 
@@ -394,20 +401,39 @@ def block_scale(rows, kept):
     kept = {r["params"]: r for r in kept}
     def kept_columns(n):
         return [spread(kept[n], "swap_ms"), f"{kept[n]['ratio']:.2f}"] if n in kept else ["-", "-"]
-    body = table(["params", "bare step ms", "swapped step ms", "swapped / bare", "retain_arenas: swapped step ms",
-                  "retain_arenas: swapped / bare", "state_dict us/param (bare)", "state_dict us/param (swapped)",
-                  "load_state_dict us/param (swapped)"],
-                 [[r["params"], spread(r, "bare_ms"), spread(r, "swap_ms"), f"{r['ratio']:.2f}"] + kept_columns(r["params"]) +
-                  [spread(r, "state_dict_bare_us_per_param"), spread(r, "state_dict_swap_us_per_param"),
-                   spread(r, "load_swap_us_per_param")] for r in rows])
+    steps = table(["params", "bare step ms", "swapped step ms", "swapped / bare", "retain_arenas: swapped step ms",
+                   "retain_arenas: swapped / bare"],
+                  [[r["params"], spread(r, "bare_ms"), spread(r, "swap_ms"), f"{r['ratio']:.2f}"] + kept_columns(r["params"])
+                   for r in rows])
+    # Each checkpoint figure beside its floor, the same bytes copied by memcpy (into new memory for
+    # a state_dict, into memory that exists for a load), alternated with it. Runs before the
+    # floors existed have none.
+    def over(r, key):
+        return f"{r[key]:.2f}" if key in r else "-"
+    def floor(r, key):
+        return spread(r, key) if key in r else "-"
+    checkpoints = table(["params", "memcpy to new memory us/param", "state_dict us/param (bare)", "bare / memcpy",
+                         "state_dict us/param (swapped)", "swapped / memcpy", "memcpy to existing memory us/param",
+                         "load_state_dict us/param (swapped)", "load / memcpy"],
+                        [[r["params"], floor(r, "copy_new_us_per_param"), spread(r, "state_dict_bare_us_per_param"),
+                          over(r, "state_dict_bare_per_copy"), spread(r, "state_dict_swap_us_per_param"),
+                          over(r, "state_dict_swap_per_copy"), floor(r, "copy_into_us_per_param"),
+                          spread(r, "load_swap_us_per_param"), over(r, "load_swap_per_copy")] for r in rows])
+    body = steps + "\n\n" + checkpoints
     big = [r for r in rows if r["params"] >= 1000]
     if len(big) >= 2:
         def flat(key):
             v = [r[key] for r in big]
             return f"{max(v) / min(v):.2f}"
         body += (f"\n\nFrom {big[0]['params']} to {big[-1]['params']} params the per-param cost varies by a factor of "
-                 f"{flat('state_dict_swap_us_per_param')} (swapped state_dict) and {flat('load_swap_us_per_param')} "
-                 f"(swapped load_state_dict).")
+                 f"{flat('state_dict_bare_us_per_param')} (bare state_dict), {flat('state_dict_swap_us_per_param')} "
+                 f"(swapped state_dict) and {flat('load_swap_us_per_param')} (swapped load_state_dict)")
+        if all("copy_new_us_per_param" in r for r in big):
+            body += (f"; their memcpy floors by {flat('copy_new_us_per_param')} (to new memory) and "
+                     f"{flat('copy_into_us_per_param')} (to existing memory), their ratios to them by "
+                     f"{flat('state_dict_bare_per_copy')}, {flat('state_dict_swap_per_copy')} and "
+                     f"{flat('load_swap_per_copy')}")
+        body += "."
     return body
 
 
