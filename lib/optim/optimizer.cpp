@@ -632,14 +632,24 @@ std::function<void()> Optimizer::prepare_load(
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();
+  SWAPOPT_CHECK(keys.size() <= 32,
+                "[" << name_ << "] has " << keys.size() << " state keys, at most 32 load");  // a bit each
+  const auto key_bit = [&](const std::string& key) {
+    return uint32_t(1) << (std::find(keys.begin(), keys.end(), key) - keys.begin());
+  };
+  std::vector<uint32_t> used_bits;  // by group: the keys its options use
+  for (const std::vector<std::string>& used : options.group_state_keys) {
+    used_bits.push_back(0);
+    for (const std::string& key : used) used_bits.back() |= key_bit(key);
+  }
   struct Entry {
     size_t index;  // the param's
+    size_t key;    // in keys
     const Param* param;
-    std::string key;
     const TensorReader* tensor;
   };
   std::vector<Entry> entries;
-  std::vector<std::vector<std::string>> keys_of(by_index.size());  // state keys the checkpoint holds, by param index
+  std::vector<uint32_t> keys_of(by_index.size(), 0);  // by param index: a bit for each key the checkpoint holds
   for (const auto& [name, tensor] : checkpoint.tensors) {
     // "state.<index>.<key>", the index written as std::to_string writes it (one name per tensor)
     const size_t dot = name.find('.', 6);
@@ -653,10 +663,10 @@ std::function<void()> Optimizer::prepare_load(
                   "[checkpoint] tensor name '" << name << "' is not canonical: the param index is written '" << index << "'");
     SWAPOPT_CHECK(index < by_index.size(), "[checkpoint] tensor '" << name << "' names param " << index << " of "
                                                                    << by_index.size());
-    SWAPOPT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(),
+    const size_t k = size_t(std::find(keys.begin(), keys.end(), key) - keys.begin());
+    SWAPOPT_CHECK(k < keys.size(),
                   "[checkpoint] tensor '" << name << "': '" << key << "' is not " << name_ << " state");
-    const std::vector<std::string>& used = options.group_state_keys[group_of[index]];
-    SWAPOPT_CHECK(std::find(used.begin(), used.end(), key) != used.end(),
+    SWAPOPT_CHECK(used_bits[group_of[index]] & (uint32_t(1) << k),
                   "[checkpoint] tensor '" << name << "': group " << group_of[index] << " does not use '" << key
                                           << "' with its options");
     const Param& param = *by_index[index];
@@ -668,41 +678,49 @@ std::function<void()> Optimizer::prepare_load(
                                                                                    << dtype_name(tensor.dtype) << ", "
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
-    keys_of[index].push_back(key);
-    if (keeps_state(param)) entries.push_back({index, &param, key, &tensor});
+    keys_of[index] |= uint32_t(1) << k;
+    if (keeps_state(param)) entries.push_back({index, k, &param, &tensor});
   }
   // Written in param order, not the names' ("state.10" before "state.2"): each param's records
   // and state are then reached in the order they were made, not at random over all of them.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.index < b.index; });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.index != b.index ? a.index < b.index : a.key < b.key; });
   // Muon files written before swapopt 0.4 hold 0 for every param step: a param with state is taken
   // as stepped with its group (Muon's math reads no per-param step).
   if (older_files_hold_no_param_steps() &&
       std::all_of(param_steps.begin(), param_steps.end(), [](int64_t s) { return s == 0; }))
     for (size_t i = 0; i < by_index.size(); ++i)
-      if (!keys_of[i].empty()) param_steps[i] = group_steps[group_of[i]];
+      if (keys_of[i] != 0) param_steps[i] = group_steps[group_of[i]];
   // A param holds all the state its group uses or none, exactly when stepped.
   for (size_t i = 0; i < by_index.size(); ++i) {
-    const std::string what = "[checkpoint] param " + std::to_string(i) + " ('" + by_index[i]->name + "')";
-    if (!keys_of[i].empty())
-      for (const std::string& key : options.group_state_keys[group_of[i]])
-        SWAPOPT_CHECK(std::find(keys_of[i].begin(), keys_of[i].end(), key) != keys_of[i].end(),
-                      what << " has '" << keys_of[i].front() << "' but not '" << key << "'");
-    SWAPOPT_CHECK(keys_of[i].empty() == (param_steps[i] == 0),
-                  what << (keys_of[i].empty() ? " has no state but step " : " has state but step ") << param_steps[i]);
+    const auto what = [&] { return "[checkpoint] param " + std::to_string(i) + " ('" + by_index[i]->name + "')"; };
+    const std::vector<std::string>& used = options.group_state_keys[group_of[i]];
+    if (keys_of[i] != 0 && (used_bits[group_of[i]] & ~keys_of[i]) != 0) {
+      // The first key it holds, in the names' order, and the first its group uses that it lacks.
+      std::string held;
+      for (size_t k = 0; k < keys.size(); ++k)
+        if ((keys_of[i] >> k & 1) && (held.empty() || keys[k] < held)) held = keys[k];
+      const auto missing =
+          std::find_if(used.begin(), used.end(), [&](const std::string& key) { return !(keys_of[i] & key_bit(key)); });
+      SWAPOPT_FAIL(what() << " has '" << held << "' but not '" << *missing << "'");
+    }
+    SWAPOPT_CHECK((keys_of[i] == 0) == (param_steps[i] == 0),
+                  what() << (keys_of[i] == 0 ? " has no state but step " : " has state but step ") << param_steps[i]);
     SWAPOPT_CHECK(param_steps[i] <= group_steps[group_of[i]],
-                  what << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
+                  what() << " has step " << param_steps[i] << ", beyond its group's " << group_steps[group_of[i]]);
   }
   // Last: a checkpoint that is wrong in itself gets the message it gets unwrapped.
   for (size_t g = 0; g < groups_.size(); ++g)
     check_keys_fit_wrapper(g, options.group_state_keys[g], "cannot load this checkpoint's options while wrapped",
                            "give the optimizer these options before wrapping it, or load the checkpoint unwrapped");
   std::function<void()> apply_options = options.apply;
-  return [this, apply_options, group_steps, param_steps, by_index, entries, write_tensor] {
+  return [this, apply_options, group_steps, param_steps = std::move(param_steps), by_index = std::move(by_index),
+          entries = std::move(entries), keys, write_tensor] {
     apply_options();
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];
     state_.clear();
     for (const Entry& e : entries) {
-      write_tensor(*e.param, e.key, *e.tensor);
+      write_tensor(*e.param, keys[e.key], *e.tensor);
       fix_layout(records_[e.index]);  // the tensors were checked against its data as it is now
     }
     for (size_t i = 0; i < by_index.size(); ++i) {
