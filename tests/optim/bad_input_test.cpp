@@ -946,6 +946,8 @@ TEST_SUITE("bad input") {
     const std::vector<Bad> cases = {
         {"a missing state tensor", true, [](StateDict& s) { s.tensors.erase("state.1.exp_avg_sq"); },
          "[checkpoint] param 1 ('bias') has 'exp_avg' but not 'exp_avg_sq'"},
+        {"the first state tensor missing", true, [](StateDict& s) { s.tensors.erase("state.1.exp_avg"); },
+         "[checkpoint] param 1 ('bias') has 'exp_avg_sq' but not 'exp_avg'"},
         {"all state of a stepped param missing", true,
          [](StateDict& s) {
            s.tensors.erase("state.1.exp_avg");
