@@ -14,8 +14,11 @@ namespace {
 
 constexpr int kMaxDepth = 64;
 
+/** What an error names: "metadata" for the whole of it, else "metadata: <what>" (the part). */
+std::string subject(const std::string& what) { return what == "metadata" ? what : "metadata: " + what; }
+
 [[noreturn]] void wrong_kind(const std::string& what, const char* kind) {
-  SWAPOPT_FAIL("[checkpoint] metadata: " << what << " must be " << kind);
+  SWAPOPT_FAIL("[checkpoint] " << subject(what) << " must be " << kind);
 }
 
 /** nlohmann's message without its "[json.exception.parse_error.101] " prefix and, for a parse
@@ -139,15 +142,15 @@ const Value::object_t& get_object(const Value& v, const std::string& what) {
 const Value& member(const Value& v, const std::string& key, const std::string& what) {
   const Value::object_t& members = get_object(v, what);
   const auto it = members.find(key);
-  SWAPOPT_CHECK(it != members.end(), "[checkpoint] metadata: " << what << " has no '" << key << "'");
+  SWAPOPT_CHECK(it != members.end(), "[checkpoint] " << subject(what) << " has no '" << key << "'");
   return it->second;
 }
 
 void check_known_keys(const Value& v, std::initializer_list<std::string_view> known, const std::string& what) {
   for (const auto& [key, value] : get_object(v, what)) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    SWAPOPT_FAIL("[checkpoint] metadata: " << what << " has unknown key '" << key << "' (expected "
-                                           << comma_list(std::vector<std::string>(known.begin(), known.end())) << ")");
+    SWAPOPT_FAIL("[checkpoint] " << subject(what) << " has unknown key '" << key << "' (expected "
+                                 << comma_list(std::vector<std::string>(known.begin(), known.end())) << ")");
   }
 }
 

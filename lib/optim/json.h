@@ -23,7 +23,8 @@ std::string dump(const Value& v, const std::string& what);
 /** Whether `text` is valid UTF-8, as every JSON string must be. */
 bool is_utf8(const std::string& text);
 
-/** Typed reads; each throws "[checkpoint] metadata: <what> must be <kind>" on a mismatch. */
+/** Typed reads; each throws "[checkpoint] metadata: <what> must be <kind>" on a mismatch (for
+ *  `what` "metadata", the whole of it: "[checkpoint] metadata must be <kind>", as below). */
 bool get_bool(const Value& v, const std::string& what);
 double get_number(const Value& v, const std::string& what);
 /** An integer, or a number with an integral value within +-2^53. */

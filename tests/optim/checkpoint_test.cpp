@@ -129,7 +129,7 @@ TEST_CASE("a checkpoint that does not match fails by name and changes nothing") 
   StateDict unknown_key = good;  // refused, not ignored: a misspelt field, or one of a newer format
   unknown_key.metadata.insert(1, "\"format\":2,");
   expect_rejected(unknown_key,
-                  "[checkpoint] metadata: metadata has unknown key 'format' (expected optimizer, groups, "
+                  "[checkpoint] metadata has unknown key 'format' (expected optimizer, groups, "
                   "param_steps, param_names, param_shards, param_kept)");
   StateDict unknown_group_key = good;
   unknown_group_key.metadata.insert(unknown_group_key.metadata.find("\"params\":"), "\"frozen\":true,");

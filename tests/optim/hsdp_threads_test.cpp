@@ -618,18 +618,18 @@ TEST_CASE("broadcast_state_to_replicas refuses a bad state on every rank before 
          REQUIRE(s.metadata[at - 1] == ',');  // keys are sorted: the last one, after a comma
          s.metadata.erase(at - 1, s.metadata.find(']', at) + 1 - (at - 1));
        },
-       "has no 'param_steps'"},
+       "[checkpoint] metadata has no 'param_steps'"},
       {"a misspelt param_steps",
        [](StateDict& s, const std::string&) {
          const size_t at = s.metadata.find("\"param_steps\"");
          REQUIRE(at != std::string::npos);
          s.metadata.replace(at, 13, "\"param_stops\"");
        },
-       "[checkpoint] metadata: metadata has unknown key 'param_stops'"},
+       "[checkpoint] metadata has unknown key 'param_stops'"},
       {"metadata not JSON", [](StateDict& s, const std::string&) { s.metadata = "{"; },
        "[checkpoint] bad JSON at byte "},
       {"an unknown metadata key", [](StateDict& s, const std::string&) { s.metadata.insert(1, "\"extra\":1,"); },
-       "[checkpoint] metadata: metadata has unknown key 'extra'"},
+       "[checkpoint] metadata has unknown key 'extra'"},
       {"a negative param step",
        [](StateDict& s, const std::string&) {
          const size_t at = s.metadata.find("\"param_steps\":[");

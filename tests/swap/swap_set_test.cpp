@@ -314,7 +314,7 @@ TEST_SUITE("swap") {
       return edited;
     };
     CHECK(error_of([&] { t.set->load_state_dict(with_key("{", "\"version\":2,")); }) ==
-          "[checkpoint] metadata: metadata has unknown key 'version' (expected optimizer, members)");
+          "[checkpoint] metadata has unknown key 'version' (expected optimizer, members)");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\"members\":[{", "\"weight\":1,")); }) ==
           "[checkpoint] metadata: members[0] has unknown key 'weight' (expected name, metadata)");
     // A member entry's own fields are named with its index too.
@@ -347,7 +347,7 @@ TEST_SUITE("swap") {
             t.set->load_state_dict(edited);
           }) == "[checkpoint] metadata: members[0] has no 'metadata'");
     CHECK(error_of([&] { t.set->load_state_dict(with_key("\\\"optimizer\\\":\\\"AdamW\\\"", ",\\\"beta3\\\":1")); }) ==
-          "[checkpoint] member 'adamw': metadata: metadata has unknown key 'beta3' (expected optimizer, groups, "
+          "[checkpoint] member 'adamw': metadata has unknown key 'beta3' (expected optimizer, groups, "
           "param_steps, param_names, param_shards, param_kept)");
     CHECK(
         error_of([&] { t.set->load_state_dict(with_key("\\\"step\\\":1", ",\\\"lr_scale\\\":1")); }) ==
