@@ -632,8 +632,8 @@ std::function<void()> Optimizer::prepare_load(
   std::vector<size_t> group_of;  // by param index
   for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   const std::vector<std::string> keys = state_keys();
-  SWAPOPT_CHECK(keys.size() <= 32,
-                "[" << name_ << "] has " << keys.size() << " state keys, at most 32 load");  // a bit each
+  SWAPOPT_CHECK(keys.size() < 32,  // a bit each below, and one for a key not among them
+                "[" << name_ << "] has " << keys.size() << " state keys: a load takes at most 31");
   const auto key_bit = [&](const std::string& key) {
     return uint32_t(1) << (std::find(keys.begin(), keys.end(), key) - keys.begin());
   };
