@@ -643,9 +643,8 @@ std::function<void()> Optimizer::prepare_load(
     for (const std::string& key : used) used_bits.back() |= key_bit(key);
   }
   struct Entry {
-    size_t index;  // the param's
+    size_t index;  // the param's, in by_index
     size_t key;    // in keys
-    const Param* param;
     const TensorReader* tensor;
   };
   std::vector<Entry> entries;
@@ -679,7 +678,7 @@ std::function<void()> Optimizer::prepare_load(
                                                                                      << name_ << " keeps "
                                                                                      << dtype_name(state_dtype(key, param)));
     keys_of[index] |= uint32_t(1) << k;
-    if (keeps_state(param)) entries.push_back({index, k, &param, &tensor});
+    if (keeps_state(param)) entries.push_back({index, k, &tensor});
   }
   // Written in param order, not the names' ("state.10" before "state.2"): each param's records
   // and state are then reached in the order they were made, not at random over all of them.
@@ -720,7 +719,7 @@ std::function<void()> Optimizer::prepare_load(
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].step = group_steps[g];
     state_.clear();
     for (const Entry& e : entries) {
-      write_tensor(*e.param, keys[e.key], *e.tensor);
+      write_tensor(*by_index[e.index], keys[e.key], *e.tensor);
       fix_layout(records_[e.index]);  // the tensors were checked against its data as it is now
     }
     for (size_t i = 0; i < by_index.size(); ++i) {
