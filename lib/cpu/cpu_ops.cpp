@@ -131,49 +131,70 @@ void cast_loop(const void* src, void* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) store_from_float(dst, i, D, load_as_float(src, i, S));
 }
 
-/** Copies the lower-triangle entries of rows [r0, r0 + rows) of the square `c` to their upper
- *  mirrors, columns [r0, r0 + rows): a row block's own upper part, which no other block writes.
- *  The reads run along a row, the writes down a column (strided: the matrix is row-major); in
- *  tiles of kMirrorTile rows, the writes of consecutive columns land in cache lines still held. */
-constexpr int64_t kMirrorTile = 32;
+/** Tiles per side of the symmetric product's lower triangle: a function of the side m only, never
+ *  of the thread count, so every element is computed by the same kernel on every machine. Tiles
+ *  of about 256 (at least 4 per side, to spread the work over the threads); one tile below 128. */
+int64_t syrk_tiles(int64_t m) { return m < 128 ? 1 : std::max<int64_t>(4, (m + 255) / 256); }
 
-template <typename Matrix>
-void mirror_row_block(Matrix& c, int64_t r0, int64_t rows) {
-  for (int64_t i0 = 0; i0 < r0 + rows; i0 += kMirrorTile)
-    for (int64_t j = std::max(r0, i0 + 1); j < r0 + rows; ++j)
-      for (int64_t i = i0; i < std::min(j, i0 + kMirrorTile); ++i) c(i, j) = c(j, i);
+/** Copies a square tile's strictly lower triangle to its upper one. */
+template <typename Tile>
+void mirror_lower(Tile&& tile) {
+  for (int64_t i = 1; i < tile.rows(); ++i)
+    for (int64_t j = 0; j < i; ++j) tile(j, i) = tile(i, j);
 }
 
-/** Row-block size of the symmetric product: block row i computes only columns [0, (i+1)*kSyrkBlock). */
-constexpr int64_t kSyrkBlock = 64;
+/** Tile (i, j), j <= i, of c = beta c + alpha a a^T and its mirror (j, i), where `rows_of(r0,
+ *  count)` gives rows [r0, r0 + count) of a. A diagonal tile is a SYRK (Eigen's rankUpdate, half
+ *  the flops of its GEMM), the others GEMMs: every tile, mirror included, belongs to one task. */
+template <typename RowsOf>
+void syrk_tile(MatrixMap& c, const RowsOf& rows_of, int64_t m, int64_t tiles, int64_t i, int64_t j, float alpha,
+               float beta) {
+  const auto edge = [&](int64_t t) { return m * t / tiles; };
+  const int64_t r0 = edge(i), rows = edge(i + 1) - r0, c0 = edge(j), cols = edge(j + 1) - c0;
+  auto tile = c.block(r0, c0, rows, cols);
+  if (i != j) {
+    if (beta != 0.f && beta != 1.f) tile *= beta;
+    multiply_into(tile, rows_of(r0, rows), rows_of(c0, cols).transpose(), alpha, beta);
+    c.block(c0, r0, cols, rows) = tile.transpose();
+    return;
+  }
+  if (beta == 0.f) {
+    tile.template triangularView<Eigen::Lower>().setZero();  // c's old values ignored, NaN included
+  } else if (beta != 1.f) {
+    tile.template triangularView<Eigen::Lower>() *= beta;
+  }
+  tile.template selfadjointView<Eigen::Lower>().rankUpdate(rows_of(r0, rows), alpha);
+  mirror_lower(tile);
+}
 
 void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha, float beta) {
   const MatrixLayout &la = a.layout, &lc = c.layout;
   std::vector<float> a_scratch, c_scratch;
-  const int64_t m = lc.rows;
+  const int64_t m = lc.rows, tiles = syrk_tiles(m);
+  // The lower triangle's tiles, the GEMMs (twice a diagonal tile's work) first, so that the
+  // dynamic schedule ends on short tasks.
+  std::vector<std::array<int64_t, 2>> tasks;
+  for (int64_t i = 0; i < tiles; ++i)
+    for (int64_t j = 0; j < i; ++j) tasks.push_back({i, j});
+  for (int64_t i = 0; i < tiles; ++i) tasks.push_back({i, i});
   for (int64_t batch = 0; batch < lc.batch; ++batch) {
     const F32Matrix fa = widen(a, batch, a_scratch);
     ConstMatrixMap ma(fa.data, la.rows, la.cols, Eigen::OuterStride<>(fa.ld));
     float* out = output_f32(c, batch, beta, c_scratch);
     MatrixMap mc(out, m, m, Eigen::OuterStride<>(c.dtype == DType::f32 ? lc.ld : lc.cols));
-    // Lower triangle by row blocks, then mirror it: about half the flops of the full product. The
-    // blocks are independent GEMMs of growing width, spread over the OpenMP threads dynamically
-    // (each one single-threaded: Eigen does not nest its own threads inside a parallel region).
-    // Every element is computed by one block whatever the thread count, so the bits do not depend
-    // on the schedule.
-    const int64_t blocks = (m + kSyrkBlock - 1) / kSyrkBlock;
+    // Each tile single-threaded (Eigen does not nest its own threads inside a parallel region),
+    // the tiles spread over the OpenMP threads.
+    const int64_t count = int64_t(tasks.size());
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bi = blocks - 1; bi >= 0; --bi) {  // widest first
-      const int64_t r0 = bi * kSyrkBlock;
-      const int64_t rows = std::min(kSyrkBlock, m - r0), cols = r0 + rows;
-      auto block = mc.block(r0, 0, rows, cols);
-      if (beta != 0.f && beta != 1.f) block *= beta;
+    for (int64_t t = 0; t < count; ++t) {
+      const auto [i, j] = tasks[size_t(t)];
       if (trans_a) {
-        multiply_into(block, ma.middleCols(r0, rows).transpose(), ma.leftCols(cols), alpha, beta);
+        syrk_tile(
+            mc, [&](int64_t r0, int64_t n) { return ma.middleCols(r0, n).transpose(); }, m, tiles, i, j, alpha, beta);
       } else {
-        multiply_into(block, ma.middleRows(r0, rows), ma.topRows(cols).transpose(), alpha, beta);
+        syrk_tile(
+            mc, [&](int64_t r0, int64_t n) { return ma.middleRows(r0, n); }, m, tiles, i, j, alpha, beta);
       }
-      mirror_row_block(mc, r0, rows);
     }
     store_output(c, batch, out);
   }

@@ -121,6 +121,20 @@ TEST_CASE("syrk with trans_a equals a^T @ a") {
   }
 }
 
+TEST_CASE("syrk with beta 0 ignores what c held (NaN included), in every tile of both triangles") {
+  Stream s(Device::cpu());
+  for (const bool trans_a : {false, true}) {
+    CAPTURE(trans_a);
+    const Tensor a = test::random_tensor(trans_a ? Shape{40, 300} : Shape{300, 40}, DType::f32, 15);
+    Tensor c = Tensor::from_floats(std::vector<float>(300 * 300, std::numeric_limits<float>::quiet_NaN()), {300, 300});
+    ops::syrk(s, a, trans_a, c, 1.5f, 0.f);
+    s.synchronize();
+    const auto want = test::naive_gemm(a.to_float_vector(), a.size(0), a.size(1), trans_a, a.to_float_vector(),
+                                       a.size(0), a.size(1), !trans_a, {}, 1.5f, 0.f);
+    CHECK(compare("syrk beta 0", c.to_float_vector(), want).max_abs <= gemm_tolerance(40) * 8);
+  }
+}
+
 TEST_CASE("gemm and syrk with k == 0 give beta C (0 for beta 0, whatever C held); without output elements, nothing") {
   Stream s(Device::cpu());
   const Tensor a = Tensor::zeros({2, 5, 0}, DType::f32, Device::cpu()),
