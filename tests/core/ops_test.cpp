@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <numeric>
+#include <random>
 
 #include "test_util.h"
 
@@ -117,6 +119,61 @@ TEST_CASE("syrk with trans_a equals a^T @ a") {
       const std::vector<float> got(cv.begin() + i * m * m, cv.begin() + (i + 1) * m * m);
       const auto want = test::naive_gemm(ai, r, m, true, ai, r, m, false, {}, 1.f, 0.f);
       CHECK(compare("syrk^T " + shape_str(shape), got, want).max_abs <= gemm_tolerance(r) * 8);
+    }
+  }
+}
+
+TEST_CASE(
+    "syrk on random shapes: a @ a^T within tolerance, exactly symmetric, a batch the same bits as its matrices one by "
+    "one") {
+  // Sides across the tiling's edges (one tile below 128, then tiles of about 256, uneven ones and
+  // sides that are not a multiple of the 8 x 8 mirror blocks), depths from 0, both transposes,
+  // bf16 and f32 inputs, beta 0 over NaN, 1 and neither.
+  Stream s(Device::cpu());
+  std::mt19937 rng(20261208);
+  const int64_t sides[] = {1, 2, 7, 8, 9, 63, 64, 127, 128, 129, 200, 255, 256, 257, 300, 513, 520};
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t m = sides[rng() % std::size(sides)], k = int64_t(rng() % 4 == 0 ? 250 + rng() % 100 : rng() % 70),
+                  batch = 1 + int64_t(rng() % 2);
+    const bool trans_a = rng() % 2 == 1;
+    const DType dt = rng() % 3 == 0 ? DType::bf16 : DType::f32;
+    const float alpha = std::array{1.f, -0.5f, 2.f}[rng() % 3], beta = std::array{0.f, 1.f, 0.25f}[rng() % 3];
+    CAPTURE(m);
+    CAPTURE(k);
+    CAPTURE(batch);
+    CAPTURE(trans_a);
+    CAPTURE(dtype_name(dt));
+    CAPTURE(alpha);
+    CAPTURE(beta);
+    const Tensor a = test::random_tensor(trans_a ? Shape{batch, k, m} : Shape{batch, m, k}, dt, uint32_t(trial));
+    // The starting c: symmetric values for beta != 0 (syrk reads the lower triangle), NaN for beta 0.
+    std::vector<float> c0(size_t(batch * m * m), std::numeric_limits<float>::quiet_NaN());
+    if (beta != 0.f) {
+      c0 = test::random_values(c0.size(), uint32_t(1000 + trial));
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = i + 1; j < m; ++j) c0[size_t(b * m * m + i * m + j)] = c0[size_t(b * m * m + j * m + i)];
+    }
+    const Tensor c = Tensor::from_floats(c0, {batch, m, m});
+    ops::syrk(s, a, trans_a, c, alpha, beta);
+    s.synchronize();
+    const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
+    for (int64_t b = 0; b < batch; ++b) {
+      const std::vector<float> ab(av.begin() + b * m * k, av.begin() + (b + 1) * m * k);
+      const std::vector<float> cb(c0.begin() + b * m * m, c0.begin() + (b + 1) * m * m);
+      const std::vector<float> got(cv.begin() + b * m * m, cv.begin() + (b + 1) * m * m);
+      const int64_t rows = trans_a ? k : m, cols = trans_a ? m : k;
+      const auto want = test::naive_gemm(ab, rows, cols, trans_a, ab, rows, cols, !trans_a, cb, alpha, beta);
+      CHECK(compare("syrk", got, want).max_abs <= gemm_tolerance(k) * 8);
+      bool symmetric = true;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < i; ++j) symmetric = symmetric && got[size_t(i * m + j)] == got[size_t(j * m + i)];
+      CHECK(symmetric);
+      // The same matrix alone gives the same bits.
+      const Tensor one = Tensor::from_floats(cb, {m, m});
+      ops::syrk(s, a.select(0, b), trans_a, one, alpha, beta);
+      s.synchronize();
+      CHECK(one.to_float_vector() == got);
     }
   }
 }
