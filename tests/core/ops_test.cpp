@@ -19,6 +19,18 @@ struct GemmCase {
 // f32 accumulation over k terms of |x| < 1: allow k * 2^-22 absolute error.
 double gemm_tolerance(int64_t k) { return double(k) * 2.5e-7 + 1e-6; }
 
+/** Matrix b of a batch of matrices of `size` elements each, stored one after the other. */
+std::vector<float> matrix_of(const std::vector<float>& batch, int64_t b, int64_t size) {
+  return {batch.begin() + b * size, batch.begin() + (b + 1) * size};
+}
+
+/** Copies the lower triangle of each m x m matrix of `batch` onto its upper one. */
+void symmetrize(std::vector<float>& batch, int64_t m) {
+  for (size_t first = 0; first < batch.size(); first += size_t(m * m))
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = i + 1; j < m; ++j) batch[first + size_t(i * m + j)] = batch[first + size_t(j * m + i)];
+}
+
 }  // namespace
 
 TEST_CASE("gemm matches a naive f64 reference on odd shapes, transposes and batches") {
@@ -85,17 +97,14 @@ TEST_CASE("syrk equals a @ a^T in both triangles") {
       out_shape.back() = m;
       // beta != 0 reads only the lower triangle of c, so the starting c must be symmetric.
       std::vector<float> c0 = test::random_values(size_t(shape_numel(out_shape)), 9);
-      for (int64_t i = 0; i < batch; ++i)
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t col = r + 1; col < m; ++col) c0[size_t(i * m * m + r * m + col)] = c0[size_t(i * m * m + col * m + r)];
+      symmetrize(c0, m);
       Tensor c = Tensor::from_floats(c0, out_shape);
       ops::syrk(s, a, false, c, 2.f, 0.5f);
       s.synchronize();
       const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
       for (int64_t i = 0; i < batch; ++i) {
-        const std::vector<float> ai(av.begin() + i * m * k, av.begin() + (i + 1) * m * k);
-        const std::vector<float> ci(c0.begin() + i * m * m, c0.begin() + (i + 1) * m * m);
-        const std::vector<float> got(cv.begin() + i * m * m, cv.begin() + (i + 1) * m * m);
+        const std::vector<float> ai = matrix_of(av, i, m * k), ci = matrix_of(c0, i, m * m),
+                                 got = matrix_of(cv, i, m * m);
         const auto want = test::naive_gemm(ai, m, k, false, ai, m, k, true, ci, 2.f, 0.5f);
         CHECK(compare(std::string("syrk ") + dtype_name(dt) + " " + shape_str(shape), got, want).max_abs <= gemm_tolerance(k) * 8);
       }
@@ -115,8 +124,7 @@ TEST_CASE("syrk with trans_a equals a^T @ a") {
     s.synchronize();
     const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
     for (int64_t i = 0; i < batch; ++i) {
-      const std::vector<float> ai(av.begin() + i * r * m, av.begin() + (i + 1) * r * m);
-      const std::vector<float> got(cv.begin() + i * m * m, cv.begin() + (i + 1) * m * m);
+      const std::vector<float> ai = matrix_of(av, i, r * m), got = matrix_of(cv, i, m * m);
       const auto want = test::naive_gemm(ai, r, m, true, ai, r, m, false, {}, 1.f, 0.f);
       CHECK(compare("syrk^T " + shape_str(shape), got, want).max_abs <= gemm_tolerance(r) * 8);
     }
@@ -150,18 +158,15 @@ TEST_CASE(
     std::vector<float> c0(size_t(batch * m * m), std::numeric_limits<float>::quiet_NaN());
     if (beta != 0.f) {
       c0 = test::random_values(c0.size(), uint32_t(1000 + trial));
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = i + 1; j < m; ++j) c0[size_t(b * m * m + i * m + j)] = c0[size_t(b * m * m + j * m + i)];
+      symmetrize(c0, m);
     }
     const Tensor c = Tensor::from_floats(c0, {batch, m, m});
     ops::syrk(s, a, trans_a, c, alpha, beta);
     s.synchronize();
     const std::vector<float> av = a.to_float_vector(), cv = c.to_float_vector();
     for (int64_t b = 0; b < batch; ++b) {
-      const std::vector<float> ab(av.begin() + b * m * k, av.begin() + (b + 1) * m * k);
-      const std::vector<float> cb(c0.begin() + b * m * m, c0.begin() + (b + 1) * m * m);
-      const std::vector<float> got(cv.begin() + b * m * m, cv.begin() + (b + 1) * m * m);
+      const std::vector<float> ab = matrix_of(av, b, m * k), cb = matrix_of(c0, b, m * m),
+                               got = matrix_of(cv, b, m * m);
       const int64_t rows = trans_a ? k : m, cols = trans_a ? m : k;
       const auto want = test::naive_gemm(ab, rows, cols, trans_a, ab, rows, cols, !trans_a, cb, alpha, beta);
       CHECK(compare("syrk", got, want).max_abs <= gemm_tolerance(k) * 8);
