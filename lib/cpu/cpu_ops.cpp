@@ -178,7 +178,8 @@ void syrk_tile(MatrixMap& c, const RowsOf& rows_of, int64_t m, int64_t tiles, in
   } else if (beta != 1.f) {
     tile.template triangularView<Eigen::Lower>() *= beta;
   }
-  tile.template selfadjointView<Eigen::Lower>().rankUpdate(rows_of(r0, rows), alpha);
+  // Eigen's rank update divides by its depth when it sizes its blocks (from side 48): skipped at 0.
+  if (rows_of(r0, rows).cols() > 0) tile.template selfadjointView<Eigen::Lower>().rankUpdate(rows_of(r0, rows), alpha);
   mirror_block(c, r0, r0, rows, rows);
 }
 

@@ -225,6 +225,30 @@ TEST_CASE("gemm and syrk with k == 0 give beta C (0 for beta 0, whatever C held)
   s.synchronize();
 }
 
+TEST_CASE("syrk with k == 0 gives beta C on every side, tiled or not, both transposes") {
+  // Eigen's rank update divides by the depth once a side reaches 48: a depth of 0 crashed there.
+  Stream s(Device::cpu());
+  for (const int64_t m : {5, 47, 48, 64, 127, 128, 191, 300}) {
+    for (const bool trans_a : {false, true}) {
+      for (const float beta : {0.f, 0.5f}) {
+        CAPTURE(m);
+        CAPTURE(trans_a);
+        CAPTURE(beta);
+        std::vector<float> c0 = test::random_values(size_t(m * m), uint32_t(m));
+        symmetrize(c0, m);
+        Tensor c = Tensor::from_floats(
+            beta == 0.f ? std::vector<float>(c0.size(), std::numeric_limits<float>::quiet_NaN()) : c0, {m, m});
+        ops::syrk(s, Tensor::zeros(trans_a ? Shape{0, m} : Shape{m, 0}, DType::f32, Device::cpu()), trans_a, c, 2.f,
+                  beta);
+        s.synchronize();
+        std::vector<float> want(c0.size(), 0.f);
+        for (size_t i = 0; i < want.size(); ++i) want[i] = beta * c0[i];
+        CHECK(c.to_float_vector() == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("elementwise ops: axpby, scale, lerp, cast match their formulas") {
   Stream s(Device::cpu());
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
