@@ -217,8 +217,8 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
 }
 
 /** memcpy of large buffers split over the OpenMP threads in 256 KiB pieces: one thread copies at
- *  well below the memory bus's rate (9-10 GB/s against 16 on the benchmark machine), and the swap's
- *  copies of a bandwidth-bound update wait for the bus. */
+ *  well below the memory bus's rate (9-10 GB/s against 16 on a 2-core AMD EPYC with AVX2), and
+ *  the swap's copies of a bandwidth-bound update wait for the bus. */
 void parallel_memcpy(char* d, const char* s, size_t nbytes) {
   constexpr size_t kPiece = size_t(256) << 10;
   // Smaller copies stay on one thread (not tuned); unused without OpenMP.
