@@ -21,6 +21,11 @@ MatrixLayout matrix_layout(const Tensor& t, const char* op) {
   m.batch = t.dim() == 3 ? t.size(0) : 1;
   m.rows = t.size(r);
   m.cols = t.size(r + 1);
+  if (t.numel() == 0) {  // no element is read or written: whatever strides a view of nothing has
+    m.ld = m.cols;
+    m.batch_stride = m.rows * m.cols;
+    return m;
+  }
   SWAPOPT_CHECK(t.strides()[size_t(r + 1)] == 1 || m.cols <= 1,
                 "[" << op << "] matrices need unit stride in the last dim, got strides " << shape_str(t.strides()));
   m.ld = m.rows <= 1 ? m.cols : t.strides()[size_t(r)];

@@ -133,8 +133,12 @@ void cast_loop(const void* src, void* dst, size_t n) {
 
 /** Tiles per side of the symmetric product's lower triangle: a function of the side m only, never
  *  of the thread count, so every element is computed by the same kernel on every machine. Tiles
- *  of about 256 (at least 4 per side, to spread the work over the threads); one tile below 128. */
-int64_t syrk_tiles(int64_t m) { return m < 128 ? 1 : std::max<int64_t>(4, (m + 255) / 256); }
+ *  of about 256 (at least 4 per side from 128, to spread the work over the threads); 2 per side
+ *  from 64, one below. */
+int64_t syrk_tiles(int64_t m) {
+  if (m < 64) return 1;
+  return m < 128 ? 2 : std::max<int64_t>(4, (m + 255) / 256);
+}
 
 /** Copies the rows x cols block of `c` at (r0, c0), below the diagonal, to its mirror at (c0, r0);
  *  for a diagonal tile (r0 == c0) its strictly lower triangle to its upper one. In 8 x 8 blocks,
@@ -185,8 +189,10 @@ void syrk_tile(MatrixMap& c, const RowsOf& rows_of, int64_t m, int64_t tiles, in
 
 void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha, float beta) {
   const MatrixLayout &la = a.layout, &lc = c.layout;
+  const int64_t m = lc.rows;
+  if (lc.batch == 0 || m == 0) return;  // no output element
   std::vector<float> a_scratch, c_scratch;
-  const int64_t m = lc.rows, tiles = syrk_tiles(m);
+  const int64_t tiles = syrk_tiles(m);
   // The lower triangle's tiles, the GEMMs (twice a diagonal tile's work) first, so that the
   // dynamic schedule ends on short tasks.
   std::vector<std::array<int64_t, 2>> tasks;
@@ -199,9 +205,10 @@ void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha,
     float* out = output_f32(c, batch, beta, c_scratch);
     MatrixMap mc(out, m, m, Eigen::OuterStride<>(c.dtype == DType::f32 ? lc.ld : lc.cols));
     // Each tile single-threaded (Eigen does not nest its own threads inside a parallel region),
-    // the tiles spread over the OpenMP threads.
+    // the tiles spread over the OpenMP threads; a matrix of one tile opens no thread team (a team
+    // per small matrix of a batch took milliseconds each on a loaded machine).
     const int64_t count = int64_t(tasks.size());
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
     for (int64_t t = 0; t < count; ++t) {
       const auto [i, j] = tasks[size_t(t)];
       if (trans_a) {

@@ -249,6 +249,28 @@ TEST_CASE("syrk with k == 0 gives beta C on every side, tiled or not, both trans
   }
 }
 
+TEST_CASE(
+    "gemm and syrk take tensors without elements whatever their strides, and a batch of none of any side at once") {
+  Stream s(Device::cpu());
+  // Views of nothing: a transposed [5, 0, 3] has strides [3, 0, 1], a transposed [3, 0] strides [1, 0].
+  const Tensor none_batch = Tensor::zeros({5, 0, 3}, DType::f32, Device::cpu()).transpose(0, 1);
+  CHECK_NOTHROW(ops::gemm(s, none_batch, false, Tensor::zeros({0, 3, 4}, DType::f32, Device::cpu()), false,
+                          Tensor::zeros({5, 0, 4}, DType::f32, Device::cpu()).transpose(0, 1)));
+  CHECK_NOTHROW(ops::syrk(s, none_batch, false, Tensor::zeros({0, 5, 5}, DType::f32, Device::cpu())));
+  const Tensor no_rows = Tensor::zeros({3, 0}, DType::f32, Device::cpu()).transpose(0, 1);
+  CHECK_NOTHROW(ops::gemm(s, no_rows, false, Tensor::zeros({3, 4}, DType::f32, Device::cpu()), false,
+                          Tensor::zeros({0, 4}, DType::f32, Device::cpu())));
+  // k == 0 through such a view: C = beta C.
+  Tensor c = Tensor::from_floats({1.f, 2.f, 3.f, 4.f}, {2, 2});
+  ops::gemm(s, Tensor::zeros({0, 2}, DType::f32, Device::cpu()).transpose(0, 1), false,
+            Tensor::zeros({2, 0}, DType::f32, Device::cpu()).transpose(0, 1), false, c, 1.f, 0.5f);
+  // A batch of no matrices of side 10^7: nothing to do (it planned the side's tiles first: 12 GB).
+  ops::syrk(s, Tensor::zeros({0, 10000000, 5}, DType::f32, Device::cpu()), false,
+            Tensor::zeros({0, 10000000, 10000000}, DType::f32, Device::cpu()));
+  s.synchronize();
+  CHECK(c.to_float_vector() == std::vector<float>{0.5f, 1.f, 1.5f, 2.f});
+}
+
 TEST_CASE("elementwise ops: axpby, scale, lerp, cast match their formulas") {
   Stream s(Device::cpu());
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
