@@ -101,6 +101,7 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
                 "[gemm] shapes do not match: a " << shape_str(a.shape()) << (trans_a ? "^T" : "") << " @ b "
                                                  << shape_str(b.shape()) << (trans_b ? "^T" : "") << " -> c "
                                                  << shape_str(out_c.shape()));
+  if (out_c.numel() == 0) return;  // no output element: nothing to compute, on either backend
   if (stream.device().is_cpu()) {
     cpu::gemm(stream, a, trans_a, b, trans_b, out_c, alpha, beta);
   } else {
@@ -119,6 +120,7 @@ void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& out_c, fl
   SWAPOPT_CHECK(lc.rows == m && lc.cols == m && la.batch == lc.batch,
                 "[syrk] shapes do not match: a " << shape_str(a.shape()) << (trans_a ? "^T" : "") << " @ its transpose -> c "
                                                  << shape_str(out_c.shape()));
+  if (out_c.numel() == 0) return;  // no output element: nothing to compute, on either backend
   if (stream.device().is_cpu()) {
     cpu::syrk(stream, a, trans_a, out_c, alpha, beta);
   } else {

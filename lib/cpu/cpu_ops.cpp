@@ -189,10 +189,8 @@ void syrk_tile(MatrixMap& c, const RowsOf& rows_of, int64_t m, int64_t tiles, in
 
 void syrk_now(const MatrixArg& a, bool trans_a, const MatrixArg& c, float alpha, float beta) {
   const MatrixLayout &la = a.layout, &lc = c.layout;
-  const int64_t m = lc.rows;
-  if (lc.batch == 0 || m == 0) return;  // no output element
   std::vector<float> a_scratch, c_scratch;
-  const int64_t tiles = syrk_tiles(m);
+  const int64_t m = lc.rows, tiles = syrk_tiles(m);
   // The lower triangle's tiles, the GEMMs (twice a diagonal tile's work) first, so that the
   // dynamic schedule ends on short tasks.
   std::vector<std::array<int64_t, 2>> tasks;

@@ -40,7 +40,6 @@ void gemm(Stream& stream, const Tensor& a, bool trans_a, const Tensor& b, bool t
           float beta) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const MatrixLayout la = matrix_layout(a, "gemm"), lb = matrix_layout(b, "gemm"), lc = matrix_layout(c, "gemm");
-  if (lc.batch == 0 || lc.rows == 0 || lc.cols == 0) return;  // no output element
   const int64_t k = trans_a ? la.rows : la.cols;
   // cuBLAS refuses a leading dimension below max(1, the stored rows), which a matrix without
   // columns (k == 0: C = beta C) has; nothing of it is read then.
@@ -63,7 +62,6 @@ constexpr int64_t kBlockedSyrkSide = 4096;
 void syrk(Stream& stream, const Tensor& a, bool trans_a, const Tensor& c, float alpha, float beta) {
   SWAPOPT_ON_STREAM_DEVICE(stream);
   const MatrixLayout la = matrix_layout(a, "syrk"), lc = matrix_layout(c, "syrk");
-  if (lc.batch == 0 || lc.rows == 0) return;  // no output element
   CudaStream& s = cuda_stream(stream);
   if (a.dtype() != DType::f32 || c.dtype() != DType::f32) {
     if (lc.rows < kBlockedSyrkSide) {
